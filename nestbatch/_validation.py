@@ -1,0 +1,154 @@
+"""Argument checks shared by the layouts, conversions and constructors.
+
+Every check raises a ``ValueError`` or ``TypeError`` that names the argument, what was expected
+and what was given. Checks that must read device values say so: they synchronize with the
+device, which is why constructors take ``validate=False`` for trusted input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_tensor(value: object, name: str) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is a tensor."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.device) -> Tensor:
+    """Return ``value`` as a 1-d int64 tensor on ``device``.
+
+    Python sequences are accepted; tensors must have an integer dtype (floats are refused rather
+    than truncated) and one dimension.
+    """
+    if not isinstance(value, Tensor):
+        try:
+            value = torch.as_tensor(list(value), dtype=torch.int64)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"{name} must be a 1-d integer tensor or a sequence of ints") from error
+        if value.numel() == 0:
+            value = value.reshape(0)
+    if value.dtype not in _INDEX_DTYPES and value.dtype not in (torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"{name} must have an integer dtype (int32 or int64), got {value.dtype}")
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be 1-d, got shape {tuple(value.shape)}")
+    return value.to(device=device, dtype=torch.int64)
+
+
+def check_offsets(offsets: Tensor, num_values: int, name: str = "offsets") -> None:
+    """Check that ``offsets`` start at 0, never decrease and end at ``num_values``.
+
+    Reads device values (one synchronization).
+    """
+    if offsets.numel() == 0:
+        raise ValueError(f"{name} must have at least one entry (B + 1 values), got an empty tensor")
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0:
+        raise ValueError(f"{name} must start at 0, got {first}")
+    if last != num_values:
+        raise ValueError(
+            f"{name} must end at the number of values ({num_values}), got {last}"
+        )
+    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing, got {offsets.tolist()}")
+
+
+def check_non_negative(sizes: Tensor, name: str) -> None:
+    """Check that no entry of ``sizes`` is negative (one synchronization)."""
+    if sizes.numel() and bool((sizes < 0).any()):
+        raise ValueError(f"{name} must be non-negative, got {sizes.tolist()}")
+
+
+def check_fits(sizes: Tensor, capacity: Sequence[int], name: str) -> None:
+    """Check that per-sample ragged sizes ``(B, k)`` fit a padded shape ``capacity`` (one sync)."""
+    if sizes.numel() == 0:
+        return
+    limit = torch.as_tensor(list(capacity), dtype=sizes.dtype, device=sizes.device)
+    if bool((sizes > limit).any()):
+        largest = sizes.amax(0).tolist()
+        raise ValueError(
+            f"{name} do not fit the padded data: largest sizes {largest} exceed its "
+            f"ragged dims {list(capacity)}"
+        )
+
+
+def check_same_feature_shape(shapes: Sequence[torch.Size], num_ragged_dims: int, name: str) -> None:
+    """Check that every sample has ``num_ragged_dims`` ragged dims and the same feature shape."""
+    if not shapes:
+        return
+    ndim = len(shapes[0])
+    if ndim < num_ragged_dims:
+        raise ValueError(
+            f"{name}[0] has {ndim} dims, fewer than num_ragged_dims={num_ragged_dims}"
+        )
+    feature = shapes[0][num_ragged_dims:]
+    for i, shape in enumerate(shapes):
+        if len(shape) != ndim:
+            raise ValueError(
+                f"every sample in {name} must have the same number of dims: sample 0 has {ndim}, "
+                f"sample {i} has {len(shape)}"
+            )
+        if shape[num_ragged_dims:] != feature:
+            raise ValueError(
+                f"every sample in {name} must have the same feature shape (the dims after the "
+                f"{num_ragged_dims} ragged dim(s)): sample 0 has {tuple(feature)}, sample {i} has "
+                f"{tuple(shape[num_ragged_dims:])}"
+            )
+
+
+def common_dtype_device(
+    tensors: Sequence[Tensor],
+    dtype: torch.dtype | None,
+    device: torch.device | str | None,
+    name: str,
+) -> tuple[torch.dtype, torch.device]:
+    """Return the dtype and device a list of samples is stored with.
+
+    Mixed dtypes or devices are an error unless ``dtype=`` / ``device=`` says what to convert to.
+    """
+    for i, t in enumerate(tensors):
+        check_tensor(t, f"{name}[{i}]")
+    if dtype is None:
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) > 1:
+            raise TypeError(
+                f"samples in {name} have mixed dtypes {sorted(map(str, dtypes))}; pass dtype= "
+                "to convert them to one"
+            )
+        dtype = tensors[0].dtype if tensors else torch.get_default_dtype()
+    if device is None:
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise ValueError(
+                f"samples in {name} are on mixed devices {sorted(map(str, devices))}; pass device= "
+                "to move them to one"
+            )
+        device = tensors[0].device if tensors else torch.device("cpu")
+    return dtype, torch.device(device)
+
+
+def check_prefix_mask(mask: Tensor, name: str = "mask") -> Tensor:
+    """Return per-sample lengths of a prefix mask ``(B, max_len)``; refuse any other mask.
+
+    A prefix mask is True on the first ``length`` slots of each row and False after them.
+    Reads device values (one synchronization).
+    """
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor, got {mask.dtype}")
+    if mask.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, max_len), got {tuple(mask.shape)}")
+    lengths = mask.sum(1, dtype=torch.int64)
+    expected = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
+    if not torch.equal(expected, mask):
+        bad = (expected != mask).any(1).nonzero().flatten().tolist()
+        raise ValueError(
+            f"{name} must be a prefix mask (True then False along each row); rows {bad} are not"
+        )
+    return lengths

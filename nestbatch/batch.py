@@ -1,0 +1,635 @@
+"""`NestedBatch`: a ragged batch in whichever layout it was built, converted lazily to the others.
+
+A :class:`NestedBatch` holds one :class:`~nestbatch.layouts.RowPartition` (the per-sample
+shapes) and a cache of layout objects that share it. Asking for another layout converts once and
+caches the result; results of ops are new batches, and nothing mutates a cached layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nestbatch import convert
+from nestbatch._validation import (
+    as_index_tensor,
+    check_non_negative,
+    check_prefix_mask,
+    check_tensor,
+)
+from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
+
+_PADDED_ANY = object()  # cache key of a padded layout whose filler is unspecified
+
+
+class NestedBatch:
+    """A batch of ``B`` samples of shapes ``(*ragged_shape_i, *feature_shape)``.
+
+    Build one with :func:`nestbatch.nested`, :func:`nestbatch.as_nested` or the ``from_*``
+    constructors; read it in any layout with :meth:`packed`, :meth:`padded` and :meth:`tolist`.
+
+    Parameters
+    ----------
+    layout : RaggedLayout
+        The layout the batch is stored in (a :class:`~nestbatch.layouts.Packed`,
+        :class:`~nestbatch.layouts.Padded` or :class:`~nestbatch.layouts.TensorList`).
+
+    Notes
+    -----
+    Host-side sizes are kept when known (a batch built from a list, or with ``max_len=``), so
+    conversions do not synchronize with the device. When sizes exist only on the device, the
+    first conversion that needs them (to a padded shape, a packed total or a list) reads them once.
+
+    Every conversion is differentiable: gradients flow from any layout back to the one the batch
+    was built from.
+    """
+
+    def __init__(self, layout: RaggedLayout) -> None:
+        if not isinstance(layout, RaggedLayout):
+            raise TypeError(
+                f"layout must be a Packed, Padded or TensorList, got {type(layout).__name__}"
+            )
+        self._primary = layout
+        self._partition = layout.partition
+        self._cache: dict[Any, RaggedLayout] = {}
+        self._remember(layout)
+
+    # ============================================================================ constructors
+    @classmethod
+    def from_list(
+        cls,
+        tensors: Sequence[Tensor],
+        num_ragged_dims: int = 1,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> NestedBatch:
+        """Batch of the given samples, kept as a list (no copy unless converting).
+
+        Parameters
+        ----------
+        tensors : sequence of Tensor
+            Samples of shapes ``(*ragged_shape_i, *feature_shape)``, same number of dims.
+        num_ragged_dims : int, default 1
+            How many leading dims are ragged.
+        dtype, device : optional
+            Convert every sample; required if the samples' dtypes or devices differ.
+        """
+        return cls(TensorList(tensors, num_ragged_dims, dtype=dtype, device=device))
+
+    @classmethod
+    def from_lengths(
+        cls,
+        values: Tensor,
+        lengths: Tensor | Sequence[int],
+        *,
+        max_len: int | None = None,
+        validate: bool = True,
+    ) -> NestedBatch:
+        """Batch from packed ``values (total, *feature)`` and ``lengths (B,)`` (TF row_lengths).
+
+        A Python sequence of lengths is kept on the host, so later conversions need no sync;
+        ``max_len`` gives the largest length on the host when ``lengths`` is a device tensor.
+        ``validate`` checks lengths against ``values`` (reads device values).
+        """
+        check_tensor(values, "values")
+        host = None if isinstance(lengths, Tensor) else [int(n) for n in lengths]
+        if isinstance(lengths, Tensor) and (lengths.is_floating_point() or lengths.dtype == torch.bool):
+            raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
+        lengths = as_index_tensor(lengths, "lengths", values.device)
+        if validate:
+            check_non_negative(lengths, "lengths")
+        partition = RowPartition.from_lengths(lengths, host_lengths=host, max_len=max_len)
+        if validate and values.dim() >= 1 and partition.total != values.shape[0]:
+            raise ValueError(
+                f"lengths add up to {partition.total} but values has {values.shape[0]} rows"
+            )
+        return cls(Packed(values, partition=partition))
+
+    @classmethod
+    def from_offsets(
+        cls,
+        values: Tensor,
+        offsets: Tensor,
+        *,
+        max_len: int | None = None,
+        validate: bool = True,
+    ) -> NestedBatch:
+        """Batch from packed ``values (total, *feature)`` and ``offsets (B + 1,)`` (TF row_splits).
+
+        ``validate`` checks that offsets start at 0, never decrease and end at ``len(values)``
+        (reads device values).
+        """
+        packed = Packed(values, offsets, validate=validate)
+        if max_len is not None:
+            packed.partition.__dict__["max_shape"] = (int(max_len),)
+        return cls(packed)
+
+    @classmethod
+    def from_row_ids(
+        cls,
+        values: Tensor,
+        row_ids: Tensor,
+        num_rows: int | None = None,
+        *,
+        validate: bool = True,
+    ) -> NestedBatch:
+        """Batch from packed ``values`` and the sample of every row (TF value_rowids).
+
+        Parameters
+        ----------
+        values : Tensor
+            ``(total, *feature)``.
+        row_ids : Tensor
+            ``(total,)`` integer, non-decreasing.
+        num_rows : int, optional
+            Number of samples ``B`` (TF ``nrows``), so trailing empty samples exist. Default:
+            ``row_ids[-1] + 1`` (read from the device).
+        validate : bool, default True
+            Check that ``row_ids`` is sorted and in ``[0, num_rows)`` (reads device values).
+        """
+        check_tensor(values, "values")
+        check_tensor(row_ids, "row_ids")
+        if row_ids.is_floating_point() or row_ids.dtype == torch.bool:
+            raise TypeError(f"row_ids must be an integer tensor, got {row_ids.dtype}")
+        if row_ids.dim() != 1 or row_ids.shape[0] != values.shape[0]:
+            raise ValueError(
+                f"row_ids must have shape ({values.shape[0]},) (one per row of values), got "
+                f"{tuple(row_ids.shape)}"
+            )
+        row_ids = row_ids.to(device=values.device, dtype=torch.int64)
+        if num_rows is None:
+            num_rows = int(row_ids[-1]) + 1 if row_ids.numel() else 0
+        if validate and row_ids.numel():
+            if bool((row_ids[1:] < row_ids[:-1]).any()):
+                raise ValueError("row_ids must be non-decreasing (rows grouped by sample)")
+            if int(row_ids[0]) < 0 or int(row_ids[-1]) >= num_rows:
+                raise ValueError(f"row_ids must lie in [0, num_rows={num_rows})")
+        lengths = torch.bincount(row_ids, minlength=num_rows)[:num_rows]
+        partition = RowPartition.from_lengths(lengths)
+        partition.__dict__["row_ids"] = row_ids
+        return cls(Packed(values, partition=partition))
+
+    @classmethod
+    def from_shapes(
+        cls, values: Tensor, shape_per_sample: Tensor, *, validate: bool = True
+    ) -> NestedBatch:
+        """Batch from packed ``values`` and per-sample ragged shapes ``(B, k)`` (kaolin packed)."""
+        return cls(Packed(values, shape_per_sample=shape_per_sample, validate=validate))
+
+    @classmethod
+    def from_padded(
+        cls,
+        data: Tensor,
+        lengths: Tensor | Sequence[int] | None = None,
+        *,
+        mask: Tensor | None = None,
+        shape_per_sample: Tensor | None = None,
+        padding_value: float | None = None,
+        validate: bool = True,
+    ) -> NestedBatch:
+        """Batch from padded ``data (B, max_len, *feature)`` and lengths, a prefix mask or shapes.
+
+        Parameters
+        ----------
+        data : Tensor
+            ``(B, *padded_shape, *feature)``; shared, not copied.
+        lengths : Tensor or sequence of int, optional
+            ``(B,)`` sizes along the one ragged dim.
+        mask : Tensor, optional
+            ``(B, max_len)`` bool prefix mask (True then False in every row), instead of lengths.
+        shape_per_sample : Tensor, optional
+            ``(B, k)`` sizes for ``k >= 1`` ragged dims.
+        padding_value : float, optional
+            What the padded slots of ``data`` hold, when known.
+        validate : bool, default True
+            Check the sizes / mask against ``data`` (reads device values).
+        """
+        check_tensor(data, "data")
+        if sum(x is not None for x in (lengths, mask, shape_per_sample)) != 1:
+            raise ValueError("give exactly one of lengths, mask or shape_per_sample")
+        if mask is not None:
+            check_tensor(mask, "mask")
+            if mask.shape != data.shape[:2]:
+                raise ValueError(
+                    f"mask must have shape {tuple(data.shape[:2])} (B, max_len of data), got "
+                    f"{tuple(mask.shape)}"
+                )
+            lengths = check_prefix_mask(mask) if validate else mask.sum(1)
+        elif lengths is not None and not isinstance(lengths, Tensor):
+            return cls(_padded_with_host_lengths(data, lengths, padding_value))
+        return cls(
+            Padded(
+                data,
+                lengths,
+                shape_per_sample=shape_per_sample,
+                padding_value=padding_value,
+                validate=validate,
+            )
+        )
+
+    # ============================================================================ layouts
+    def _remember(self, layout: RaggedLayout) -> None:
+        if isinstance(layout, Padded):
+            key = (Layout.PADDED, _PADDED_ANY if layout.padding_value is None else layout.padding_value)
+        elif isinstance(layout, Packed):
+            key = Layout.PACKED
+        else:
+            key = Layout.LIST
+        self._cache[key] = layout
+
+    @property
+    def layout(self) -> Layout:
+        """The layout the batch was built in."""
+        return _kind(self._primary)
+
+    @property
+    def materialized_layouts(self) -> tuple[Layout, ...]:
+        """Layouts already computed (and cached) for this batch."""
+        kinds = {key[0] if isinstance(key, tuple) else key for key in self._cache}
+        return tuple(kind for kind in Layout if kind in kinds)
+
+    def packed(self) -> Packed:
+        """The batch as :class:`~nestbatch.layouts.Packed` (converted once, then cached)."""
+        if Layout.PACKED not in self._cache:
+            self._cache[Layout.PACKED] = convert.to_packed(self._best_source(Layout.PACKED))
+        return self._cache[Layout.PACKED]
+
+    def padded(
+        self,
+        padding_value: float | None = 0.0,
+        max_shape: Sequence[int | None] | None = None,
+    ) -> Padded:
+        """The batch as :class:`~nestbatch.layouts.Padded` (converted once, then cached).
+
+        Parameters
+        ----------
+        padding_value : float or None, default 0
+            Filler of the padded slots. ``None`` accepts whatever filler a cached padded layout
+            holds (saves a fill pass when the consumer masks anyway); 0 if none is cached.
+        max_shape : sequence of int, optional
+            Pad the ragged dims to this size instead of the largest sample's (kaolin's
+            ``max_shape``; ``None`` / -1 entries mean the maximum). Not cached.
+        """
+        if max_shape is not None:
+            return convert.to_padded(self._best_source(Layout.PACKED), padding_value or 0, max_shape)
+        if padding_value is None:
+            for key, layout in self._cache.items():
+                if isinstance(key, tuple):
+                    return layout
+            padding_value = 0.0
+        key = (Layout.PADDED, padding_value)
+        if key not in self._cache:
+            source = self._best_source(Layout.PADDED)
+            self._cache[key] = convert.to_padded(source, padding_value)
+        return self._cache[key]
+
+    def to_list(self) -> TensorList:
+        """The batch as :class:`~nestbatch.layouts.TensorList` (converted once, then cached)."""
+        if Layout.LIST not in self._cache:
+            self._cache[Layout.LIST] = convert.to_list(self._best_source(Layout.LIST))
+        return self._cache[Layout.LIST]
+
+    def tolist(self) -> list[Tensor]:
+        """The samples as a list of tensors (views into the stored data where possible)."""
+        return list(self.to_list().tensors)
+
+    def _best_source(self, target: Layout) -> RaggedLayout:
+        # Conversions between list and padded go through packed rows; prefer a cached packed
+        # layout, then the primary one.
+        if target is not Layout.PACKED and Layout.PACKED in self._cache:
+            return self._cache[Layout.PACKED]
+        if target is Layout.LIST:
+            for key, layout in self._cache.items():
+                if isinstance(key, tuple):
+                    return layout
+        return self._primary
+
+    # ============================================================================ metadata
+    @property
+    def partition(self) -> RowPartition:
+        """The shared per-sample shapes and derived metadata."""
+        return self._partition
+
+    @property
+    def batch_size(self) -> int:
+        """Number of samples ``B``."""
+        return self._partition.batch_size
+
+    def __len__(self) -> int:
+        return self._partition.batch_size
+
+    @property
+    def num_ragged_dims(self) -> int:
+        """Number of ragged dims ``k``."""
+        return self._partition.num_ragged_dims
+
+    @property
+    def feature_shape(self) -> torch.Size:
+        """Shape of the regular dims after the ragged ones."""
+        return torch.Size(self._primary.feature_shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element dtype."""
+        return self._primary.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the data."""
+        return self._primary.device
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether the data is on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
+    def lengths(self) -> Tensor:
+        """``(B,)`` int64: elements of every sample along its (flattened) ragged dims."""
+        return self._partition.lengths
+
+    @property
+    def offsets(self) -> Tensor:
+        """``(B + 1,)`` int64: start of every sample in the packed values, then the total."""
+        return self._partition.offsets
+
+    @property
+    def shape_per_sample(self) -> Tensor:
+        """``(B, k)`` int64: the ragged shape of every sample."""
+        return self._partition.shape_per_sample
+
+    @property
+    def row_ids(self) -> Tensor:
+        """``(total,)`` int64: the sample of every packed row (TF value_rowids)."""
+        return self._partition.row_ids
+
+    @property
+    def max_shape(self) -> tuple[int, ...]:
+        """Largest size of every ragged dim (may read sizes from the device once)."""
+        return self._partition.max_shape
+
+    @property
+    def values(self) -> Tensor:
+        """``(total, *feature)``: the packed rows of all samples."""
+        return self.packed().values
+
+    @property
+    def mask(self) -> Tensor:
+        """``(B, *padded_shape)`` bool: True on padded slots that hold sample elements."""
+        return self.padded(None).mask
+
+    def dim(self) -> int:
+        """Number of dims: 1 (batch) + ragged dims + feature dims."""
+        return 1 + self.num_ragged_dims + len(self.feature_shape)
+
+    @property
+    def ndim(self) -> int:
+        """Same as :meth:`dim`."""
+        return self.dim()
+
+    def size(self, dim: int | None = None) -> int:
+        """Size of a regular dim: 0 (the batch) or a feature dim.
+
+        Raises
+        ------
+        ValueError
+            For a ragged dim (its size differs per sample: see :attr:`lengths` /
+            :attr:`shape_per_sample`), or with no ``dim`` (the batch has no single shape).
+        IndexError
+            For a dim out of range.
+        """
+        if dim is None:
+            raise ValueError(
+                "a NestedBatch has no single shape; call size(i) for a regular dim, or read "
+                "lengths / shape_per_sample for the ragged ones"
+            )
+        ndim = self.dim()
+        if not -ndim <= dim < ndim:
+            raise IndexError(f"dim {dim} out of range for a batch with {ndim} dims")
+        dim %= ndim
+        if dim == 0:
+            return self.batch_size
+        if dim <= self.num_ragged_dims:
+            raise ValueError(
+                f"dim {dim} is ragged and has no single size; use .lengths or .shape_per_sample"
+            )
+        return self.feature_shape[dim - 1 - self.num_ragged_dims]
+
+    # ============================================================================ tensor surface
+    def _map_primary(
+        self, fn: Callable[[Tensor], Tensor], *, partition: RowPartition | None = None,
+        keeps_filler: bool = True,
+    ) -> NestedBatch:
+        """New batch whose primary layout's tensors are ``fn`` of this one's."""
+        layout = self._primary
+        partition = partition or layout.partition
+        if isinstance(layout, Packed):
+            return NestedBatch(Packed(fn(layout.values), partition=partition))
+        if isinstance(layout, Padded):
+            filler = layout.padding_value if keeps_filler else None
+            return NestedBatch(Padded(fn(layout.data), partition=partition, padding_value=filler))
+        tensors = [fn(t) for t in layout.tensors]
+        return NestedBatch(
+            TensorList(
+                tensors,
+                layout.num_ragged_dims,
+                feature_shape=layout.feature_shape,
+                dtype=tensors[0].dtype if tensors else layout.dtype,
+                partition=partition,
+            )
+        )
+
+    def to(self, *args: Any, **kwargs: Any) -> NestedBatch:
+        """Another layout (``to(Layout.PADDED)``), or another device / dtype, as ``Tensor.to``.
+
+        ``to(layout)`` returns a batch stored in that layout (converted once and also cached
+        here); ``to(device, dtype, ...)`` converts the data like :meth:`torch.Tensor.to`.
+        """
+        if len(args) == 1 and not kwargs and isinstance(args[0], Layout):
+            return NestedBatch(self._layout_object(args[0]))
+        probe = torch.empty(0, dtype=self.dtype, device=self.device).to(*args, **kwargs)
+        if probe.dtype == self.dtype and probe.device == self.device and not kwargs.get("copy"):
+            return self
+        partition = self._partition.to(probe.device)
+        keeps = probe.dtype == self.dtype
+        return self._map_primary(
+            lambda t: t.to(*args, **kwargs), partition=partition, keeps_filler=keeps
+        )
+
+    def _layout_object(self, layout: Layout) -> RaggedLayout:
+        if layout is Layout.PACKED:
+            return self.packed()
+        if layout is Layout.PADDED:
+            return self.padded()
+        return self.to_list()
+
+    def cpu(self) -> NestedBatch:
+        """The batch on the CPU."""
+        return self.to("cpu")
+
+    def cuda(self, device: int | str | torch.device | None = None) -> NestedBatch:
+        """The batch on a CUDA device."""
+        if device is None:
+            device = torch.device("cuda")
+        elif isinstance(device, int):
+            device = torch.device("cuda", device)
+        return self.to(device)
+
+    def detach(self) -> NestedBatch:
+        """The batch detached from the autograd graph (shares storage)."""
+        return self._map_primary(Tensor.detach)
+
+    def clone(self) -> NestedBatch:
+        """A copy of the batch with its own storage (differentiable)."""
+        return self._map_primary(Tensor.clone)
+
+    def contiguous(self) -> NestedBatch:
+        """The batch with contiguous storage."""
+        return self._map_primary(Tensor.contiguous)
+
+    def _tensors(self) -> tuple[Tensor, ...]:
+        layout = self._primary
+        if isinstance(layout, Packed):
+            return (layout.values,)
+        if isinstance(layout, Padded):
+            return (layout.data,)
+        return layout.tensors
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether gradients flow to the stored data."""
+        return any(t.requires_grad for t in self._tensors())
+
+    def requires_grad_(self, requires_grad: bool = True) -> NestedBatch:
+        """Set ``requires_grad`` on the stored data, in place; returns ``self``.
+
+        Layouts cached before the call were computed without a graph, so they are dropped.
+        """
+        for t in self._tensors():
+            t.requires_grad_(requires_grad)
+        self._cache.clear()
+        self._remember(self._primary)
+        return self
+
+    @property
+    def grad(self) -> NestedBatch | None:
+        """Gradient of the stored data as a batch of the same structure (None if absent)."""
+        grads = [t.grad for t in self._tensors()]
+        if any(g is None for g in grads):
+            return None
+        return self._map_primary(lambda t: t.grad, keeps_filler=False)
+
+    def with_values(self, values: Tensor) -> NestedBatch:
+        """A batch of the same structure with new packed ``values (total, *feature)``."""
+        check_tensor(values, "values")
+        total = self._partition.total
+        if values.dim() < 1 or values.shape[0] != total:
+            raise ValueError(
+                f"values must have {total} rows (one per packed row), got shape "
+                f"{tuple(values.shape)}"
+            )
+        return NestedBatch(Packed(values, partition=self._partition.to(values.device)))
+
+    def map_values(self, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
+        """Apply ``fn`` to the packed values (TF ``map_flat_values``); keeps the structure."""
+        return self.with_values(fn(self.values))
+
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        """The samples, as views into the stored data (as ``torch.nested``'s ``unbind``)."""
+        if dim != 0:
+            raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
+        return tuple(self.to_list().tensors)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.unbind())
+
+    def sample(self, i: int) -> Tensor:
+        """Sample ``i`` as a view into the stored data (negative ``i`` counts from the end)."""
+        if not -self.batch_size <= i < self.batch_size:
+            raise IndexError(f"sample index {i} out of range for batch size {self.batch_size}")
+        i %= self.batch_size
+        layout = self._primary
+        if Layout.LIST in self._cache:
+            return self._cache[Layout.LIST].tensors[i]
+        shape = self._partition.host_shapes[i]
+        if isinstance(layout, Packed):
+            start, stop = self._partition.host_offsets[i : i + 2]
+            return layout.values[start:stop].view(*shape, *layout.feature_shape)
+        sample = layout.data[i]
+        for d, size in enumerate(shape):
+            sample = sample.narrow(d, 0, size)
+        return sample
+
+    def __getitem__(self, index: Any) -> Tensor | NestedBatch:
+        from nestbatch.selection import getitem
+
+        return getitem(self, index)
+
+    # ============================================================================ torch interop
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        from nestbatch.ops import dispatch
+
+        return dispatch(func, types, args, kwargs or {})
+
+    def __getstate__(self) -> dict:
+        # Only the primary layout travels; other layouts are recomputed on demand.
+        return {"primary": self._primary}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["primary"])
+
+    def __repr__(self) -> str:
+        return _format_batch(self)
+
+
+def _padded_with_host_lengths(
+    data: Tensor, lengths: Sequence[int], padding_value: float | None
+) -> Padded:
+    # Lengths known on the host are checked on the host: no device sync now or later.
+    host = [int(n) for n in lengths]
+    if data.dim() < 2 or len(host) != data.shape[0]:
+        raise ValueError(
+            f"lengths has {len(host)} entries but data has shape {tuple(data.shape)} "
+            "(expected (B, max_len, *feature) with B == len(lengths))"
+        )
+    if any(n < 0 for n in host):
+        raise ValueError(f"lengths must be non-negative, got {host}")
+    if any(n > data.shape[1] for n in host):
+        raise ValueError(
+            f"lengths do not fit the padded data: largest length {max(host)} exceeds its "
+            f"max_len {data.shape[1]}"
+        )
+    partition = RowPartition.from_host_shapes([(n,) for n in host], 1, data.device)
+    return Padded(data, partition=partition, padding_value=padding_value)
+
+
+def _kind(layout: RaggedLayout) -> Layout:
+    if isinstance(layout, Packed):
+        return Layout.PACKED
+    if isinstance(layout, Padded):
+        return Layout.PADDED
+    return Layout.LIST
+
+
+def _format_batch(batch: NestedBatch, max_samples: int = 6) -> str:
+    header = (
+        f"batch_size={batch.batch_size}, num_ragged_dims={batch.num_ragged_dims}, "
+        f"feature_shape={tuple(batch.feature_shape)}, dtype={batch.dtype}, "
+        f"device={batch.device}, layout={batch.layout.value}"
+    )
+    if batch.requires_grad:
+        header += ", requires_grad=True"
+    shown = min(batch.batch_size, max_samples)
+    lines = []
+    for i in range(shown):
+        text = repr(batch.sample(i).detach()).replace("\n", "\n    ")
+        lines.append(f"    {text},")
+    if batch.batch_size > shown:
+        lines.append(f"    ... ({batch.batch_size - shown} more)")
+    body = "\n".join(lines)
+    return f"NestedBatch([\n{body}\n], {header})" if lines else f"NestedBatch([], {header})"

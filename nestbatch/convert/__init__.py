@@ -1,0 +1,77 @@
+"""Conversions between the layouts, and between nestbatch and other ragged formats.
+
+Layout conversions (every pair among list, packed and padded, both directions) take and return
+layout objects; they are vectorized, differentiable, and keep device and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nestbatch.convert.list_packed import list_to_packed, packed_to_list
+from nestbatch.convert.list_padded import list_to_padded, padded_to_list
+from nestbatch.convert.packed_padded import (
+    packed_to_padded,
+    padded_to_packed,
+    refill_padding,
+)
+from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, TensorList
+
+
+def to_packed(layout: RaggedLayout) -> Packed:
+    """Any layout as :class:`Packed`."""
+    if isinstance(layout, Packed):
+        return layout
+    if isinstance(layout, Padded):
+        return padded_to_packed(layout)
+    return list_to_packed(layout)
+
+
+def to_padded(
+    layout: RaggedLayout,
+    padding_value: float = 0.0,
+    max_shape: Sequence[int | None] | None = None,
+) -> Padded:
+    """Any layout as :class:`Padded` with ``padding_value`` in the padded slots."""
+    if isinstance(layout, Padded):
+        if max_shape is None:
+            return refill_padding(layout, padding_value)
+        layout = padded_to_packed(layout)
+    if isinstance(layout, Packed):
+        return packed_to_padded(layout, padding_value, max_shape)
+    return list_to_padded(layout, padding_value, max_shape)
+
+
+def to_list(layout: RaggedLayout) -> TensorList:
+    """Any layout as :class:`TensorList` (views into the source's storage)."""
+    if isinstance(layout, TensorList):
+        return layout
+    if isinstance(layout, Packed):
+        return packed_to_list(layout)
+    return padded_to_list(layout)
+
+
+def convert(layout: RaggedLayout, target: Layout, padding_value: float = 0.0) -> RaggedLayout:
+    """Convert ``layout`` to the ``target`` :class:`~nestbatch.layouts.Layout`."""
+    if target is Layout.PACKED:
+        return to_packed(layout)
+    if target is Layout.PADDED:
+        return to_padded(layout, padding_value)
+    if target is Layout.LIST:
+        return to_list(layout)
+    raise TypeError(f"target must be a nestbatch.Layout, got {target!r}")
+
+
+__all__ = [
+    "convert",
+    "list_to_packed",
+    "list_to_padded",
+    "packed_to_list",
+    "packed_to_padded",
+    "padded_to_list",
+    "padded_to_packed",
+    "refill_padding",
+    "to_list",
+    "to_packed",
+    "to_padded",
+]

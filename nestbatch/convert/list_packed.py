@@ -1,0 +1,38 @@
+"""Conversions between a list of tensors and the packed layout."""
+
+from __future__ import annotations
+
+import torch
+
+from nestbatch.layouts import Packed, TensorList
+
+
+def list_to_packed(tensor_list: TensorList) -> Packed:
+    """Concatenate the samples' rows (their ragged dims flattened) into a :class:`Packed` batch.
+
+    One copy; differentiable. The partition, with its host-side sizes, is shared.
+    """
+    feature = tuple(tensor_list.feature_shape)
+    if tensor_list.batch_size == 0:
+        values = torch.empty(
+            (0, *feature), dtype=tensor_list.dtype, device=tensor_list.device
+        )
+    else:
+        values = torch.cat([t.reshape(-1, *feature) for t in tensor_list.tensors])
+    return Packed(values, partition=tensor_list.partition)
+
+
+def packed_to_list(packed: Packed) -> TensorList:
+    """Split a :class:`Packed` batch into per-sample views of its ``values``.
+
+    Needs the per-sample sizes on the host: reads them once (a sync) if only the device has them.
+    """
+    partition = packed.partition
+    feature = tuple(packed.feature_shape)
+    pieces = packed.values.split(list(partition.host_lengths))
+    tensors = [
+        piece.view(*shape, *feature) for piece, shape in zip(pieces, partition.host_shapes)
+    ]
+    return TensorList(
+        tensors, partition.num_ragged_dims, feature_shape=feature, partition=partition
+    )

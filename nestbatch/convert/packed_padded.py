@@ -1,0 +1,134 @@
+"""Conversions between the packed and the padded layout.
+
+Both directions are one vectorized indexing op over the packed rows: every row knows its sample
+(``row_ids``) and its multi-index inside the sample (``ragged_index``), both cached on the shared
+:class:`~nestbatch.layouts.RowPartition`. Both are differentiable: the gradient of packing is a
+scatter, the gradient of padding a gather, and padded slots get zero gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor
+
+from nestbatch.layouts import Packed, Padded, RowPartition
+
+
+def resolve_padded_shape(
+    partition: RowPartition, padded_shape: Sequence[int | None] | None
+) -> tuple[int, ...]:
+    """The ragged dims of a padded tensor: the batch's maximum, or a larger requested shape.
+
+    ``None`` or ``-1`` entries of ``padded_shape`` mean "the maximum" (kaolin's ``max_shape``).
+
+    Raises
+    ------
+    ValueError
+        If ``padded_shape`` has the wrong length or is smaller than the largest sample.
+    """
+    largest = partition.max_shape
+    if padded_shape is None:
+        return largest
+    padded_shape = tuple(padded_shape)
+    if len(padded_shape) != partition.num_ragged_dims:
+        raise ValueError(
+            f"max_shape must have one entry per ragged dim ({partition.num_ragged_dims}), got "
+            f"{padded_shape}"
+        )
+    resolved = tuple(
+        big if size is None or size == -1 else int(size) for size, big in zip(padded_shape, largest)
+    )
+    if any(size < big for size, big in zip(resolved, largest)):
+        raise ValueError(
+            f"max_shape {padded_shape} is smaller than the largest sample's shape {largest}"
+        )
+    return resolved
+
+
+def packed_values_to_padded(
+    values: Tensor, partition: RowPartition, padded_shape: Sequence[int], padding_value: float
+) -> Tensor:
+    """Scatter packed rows into a padded tensor.
+
+    Parameters
+    ----------
+    values : Tensor
+        ``(total, *feature)``.
+    partition : RowPartition
+        The batch's partition (``B`` samples, ``k`` ragged dims).
+    padded_shape : sequence of int
+        Size of the ``k`` ragged dims of the output, at least the largest sample's.
+    padding_value : float
+        Filler for slots outside every sample.
+
+    Returns
+    -------
+    Tensor
+        ``(B, *padded_shape, *feature)``.
+    """
+    out = values.new_full(
+        (partition.batch_size, *padded_shape, *values.shape[1:]), padding_value
+    )
+    if values.shape[0] == 0:
+        # Keep the autograd link to ``values`` (no rows to scatter, but a graph to keep).
+        return out + values.sum() * 0 if values.requires_grad else out
+    return out.index_put((partition.row_ids, *partition.ragged_index), values)
+
+
+def padded_data_to_packed(data: Tensor, partition: RowPartition) -> Tensor:
+    """Gather the valid slots of a padded tensor into packed rows.
+
+    Parameters
+    ----------
+    data : Tensor
+        ``(B, *padded_shape, *feature)``.
+    partition : RowPartition
+        The batch's partition. Its total must be known on the host or is read once (a sync).
+
+    Returns
+    -------
+    Tensor
+        ``(total, *feature)``, rows in sample order.
+    """
+    return data[(partition.row_ids, *partition.ragged_index)]
+
+
+def packed_to_padded(
+    packed: Packed, padding_value: float = 0.0, max_shape: Sequence[int | None] | None = None
+) -> Padded:
+    """Convert a :class:`Packed` batch to a :class:`Padded` one.
+
+    Parameters
+    ----------
+    packed : Packed
+        The batch.
+    padding_value : float, default 0
+        Filler of the padded slots.
+    max_shape : sequence of int, optional
+        Size of the ragged dims of the result (default: the largest sample's). ``None`` / -1
+        entries mean the maximum.
+
+    Returns
+    -------
+    Padded
+        Sharing ``packed``'s partition.
+    """
+    shape = resolve_padded_shape(packed.partition, max_shape)
+    data = packed_values_to_padded(packed.values, packed.partition, shape, padding_value)
+    return Padded(data, partition=packed.partition, padding_value=padding_value)
+
+
+def padded_to_packed(padded: Padded) -> Packed:
+    """Convert a :class:`Padded` batch to a :class:`Packed` one (sharing its partition)."""
+    values = padded_data_to_packed(padded.data, padded.partition)
+    return Packed(values, partition=padded.partition)
+
+
+def refill_padding(padded: Padded, padding_value: float) -> Padded:
+    """The same batch with every padded slot set to ``padding_value`` (not in place)."""
+    if padded.padding_value == padding_value:
+        return padded
+    mask = padded.mask.reshape(*padded.mask.shape, *([1] * len(padded.feature_shape)))
+    data = padded.data.masked_fill(~mask, padding_value)
+    return Padded(data, partition=padded.partition, padding_value=padding_value)

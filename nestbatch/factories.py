@@ -1,0 +1,112 @@
+"""`nested` and `as_nested`: the two ways to make a :class:`~nestbatch.NestedBatch`.
+
+As ``torch.tensor`` / ``torch.as_tensor``: :func:`nested` copies into a new leaf batch,
+:func:`as_nested` keeps the given storage and autograd history where it can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nestbatch.batch import NestedBatch
+from nestbatch.layouts import Layout, Packed, TensorList
+
+
+def nested(
+    tensors: Sequence[Tensor],
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    requires_grad: bool = False,
+    layout: Layout = Layout.PACKED,
+    num_ragged_dims: int = 1,
+) -> NestedBatch:
+    """A new batch holding a copy of ``tensors`` (like ``torch.nested.nested_tensor``).
+
+    Parameters
+    ----------
+    tensors : sequence of Tensor
+        Samples of shapes ``(*ragged_shape_i, *feature_shape)`` with the same number of dims.
+    dtype, device : optional
+        Convert every sample; required if the samples' dtypes or devices differ.
+    requires_grad : bool, default False
+        Make the copy a leaf that requires gradients.
+    layout : Layout, default Layout.PACKED
+        Layout to store the copy in (packed: one contiguous buffer).
+    num_ragged_dims : int, default 1
+        How many leading dims of every sample are ragged.
+
+    Returns
+    -------
+    NestedBatch
+        Detached from the inputs' autograd history.
+    """
+    samples = TensorList(
+        [t.detach() for t in _check_list(tensors)], num_ragged_dims, dtype=dtype, device=device
+    )
+    batch = NestedBatch(samples).to(layout)
+    if layout is Layout.LIST:
+        batch = batch.clone()
+    if requires_grad:
+        batch.requires_grad_()
+    return batch
+
+
+def as_nested(
+    data: Any,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    num_ragged_dims: int = 1,
+) -> NestedBatch:
+    """View ``data`` as a batch, keeping its storage and autograd history where possible.
+
+    Parameters
+    ----------
+    data : NestedBatch, sequence of Tensor, PackedSequence, nested tensor, RaggedBatch or layout
+        What to wrap. A list is kept as a list (no copy).
+    dtype, device : optional
+        Convert to these.
+    num_ragged_dims : int, default 1
+        Ragged dims of a list's samples.
+    """
+    batch = _wrap(data, num_ragged_dims, dtype, device)
+    if dtype is not None or device is not None:
+        batch = batch.to(device=device or batch.device, dtype=dtype or batch.dtype)
+    return batch
+
+
+def _wrap(data: Any, num_ragged_dims: int, dtype: Any, device: Any) -> NestedBatch:
+    if isinstance(data, NestedBatch):
+        return data
+    if isinstance(data, (Packed, TensorList)) or type(data).__name__ == "Padded":
+        return NestedBatch(data)
+    if isinstance(data, torch.nn.utils.rnn.PackedSequence):
+        return NestedBatch.from_packed_sequence(data)
+    if isinstance(data, Tensor) and data.is_nested:
+        return NestedBatch.from_nested_tensor(data)
+    if type(data).__name__ == "RaggedBatch":
+        return NestedBatch.from_ragged_batch(data)
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes, Tensor)):
+        return NestedBatch.from_list(
+            _check_list(data), num_ragged_dims, dtype=dtype, device=device
+        )
+    raise TypeError(
+        "as_nested takes a NestedBatch, a list of tensors, a PackedSequence, a nested tensor, a "
+        f"RaggedBatch or a layout object, got {type(data).__name__}"
+    )
+
+
+def _check_list(tensors: Any) -> list[Tensor]:
+    if isinstance(tensors, Tensor) or not isinstance(tensors, Sequence):
+        raise TypeError(
+            f"tensors must be a list or tuple of tensors, got {type(tensors).__name__}"
+        )
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
+    return list(tensors)

@@ -1,0 +1,16 @@
+"""The three layouts of a ragged batch and the metadata they share.
+
+| layout | tensors | good for |
+|---|---|---|
+| :class:`Packed` | ``values (total, *feature)`` + ``offsets (B + 1,)`` | elementwise ops, segment reductions |
+| :class:`Padded` | ``data (B, *padded_shape, *feature)`` + sizes, mask derived | batched matmul, attention |
+| :class:`TensorList` | a list of ``B`` tensors | construction, per-sample Python code |
+"""
+
+from nestbatch.layouts.base import Layout, RaggedLayout
+from nestbatch.layouts.packed import Packed
+from nestbatch.layouts.padded import Padded
+from nestbatch.layouts.partition import RowPartition
+from nestbatch.layouts.tensor_list import TensorList
+
+__all__ = ["Layout", "Packed", "Padded", "RaggedLayout", "RowPartition", "TensorList"]

@@ -1,0 +1,81 @@
+"""`RaggedLayout`: what every layout of a ragged batch exposes."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+
+import torch
+from torch import Tensor
+
+from nestbatch.layouts.partition import RowPartition
+
+
+class Layout(enum.Enum):
+    """The storage layouts of a ragged batch."""
+
+    LIST = "list"
+    PACKED = "packed"
+    PADDED = "padded"
+
+
+class RaggedLayout(ABC):
+    """Common surface of :class:`Packed`, :class:`Padded` and :class:`TensorList`.
+
+    A layout is immutable: its tensors and its :class:`RowPartition` are fixed at construction,
+    and derived metadata comes from the shared partition, computed once.
+    """
+
+    partition: RowPartition
+
+    @property
+    def batch_size(self) -> int:
+        """Number of samples ``B``."""
+        return self.partition.batch_size
+
+    def __len__(self) -> int:
+        return self.partition.batch_size
+
+    @property
+    def num_ragged_dims(self) -> int:
+        """Number of ragged dims ``k`` of every sample."""
+        return self.partition.num_ragged_dims
+
+    @property
+    def shape_per_sample(self) -> Tensor:
+        """``(B, k)`` int64: the ragged shape of every sample."""
+        return self.partition.shape_per_sample
+
+    @property
+    def lengths(self) -> Tensor:
+        """``(B,)`` int64: elements of every sample along its (flattened) ragged dims."""
+        return self.partition.lengths
+
+    @property
+    def offsets(self) -> Tensor:
+        """``(B + 1,)`` int64: start of every sample in the packed rows, then the total."""
+        return self.partition.offsets
+
+    @property
+    @abstractmethod
+    def feature_shape(self) -> torch.Size:
+        """Shape of the regular dims after the ragged ones."""
+
+    @property
+    @abstractmethod
+    def dtype(self) -> torch.dtype:
+        """Element dtype."""
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the data."""
+        return self.partition.device
+
+    def _describe(self) -> str:
+        return (
+            f"batch_size={self.batch_size}, num_ragged_dims={self.num_ragged_dims}, "
+            f"feature_shape={tuple(self.feature_shape)}, dtype={self.dtype}, device={self.device}"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._describe()})"

@@ -1,0 +1,110 @@
+"""`Packed`: the rows of all samples concatenated, plus offsets (TF ``values`` + ``row_splits``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nestbatch._validation import (
+    check_non_negative,
+    check_offsets,
+    check_tensor,
+)
+from nestbatch.layouts.base import RaggedLayout
+from nestbatch.layouts.partition import RowPartition
+
+
+class Packed(RaggedLayout):
+    """A ragged batch stored as one ``values`` tensor and row offsets.
+
+    Parameters
+    ----------
+    values : Tensor
+        ``(total, *feature)``: the samples' ragged dims flattened (row-major) and concatenated.
+    offsets : Tensor, optional
+        ``(B + 1,)`` integer: sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``. Give this or
+        ``shape_per_sample`` (or a ``partition``).
+    shape_per_sample : Tensor, optional
+        ``(B, k)`` integer: the ragged shape of every sample, for ``k >= 1`` ragged dims (images of
+        different height and width have ``k = 2``).
+    partition : RowPartition, optional
+        An existing partition to share (no checks are run on it).
+    validate : bool, default True
+        Check offsets / shapes against ``values``. This reads device values (a synchronization);
+        pass False for trusted input on a hot path.
+
+    Raises
+    ------
+    TypeError
+        If ``offsets`` is not an integer tensor.
+    ValueError
+        If offsets do not start at 0, decrease, or do not end at ``len(values)``; if shapes are
+        negative or do not add up to ``len(values)``.
+    """
+
+    def __init__(
+        self,
+        values: Tensor,
+        offsets: Tensor | None = None,
+        *,
+        shape_per_sample: Tensor | None = None,
+        partition: RowPartition | None = None,
+        validate: bool = True,
+    ) -> None:
+        check_tensor(values, "values")
+        if values.dim() < 1:
+            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+        given = sum(x is not None for x in (offsets, shape_per_sample, partition))
+        if given != 1:
+            raise ValueError("give exactly one of offsets, shape_per_sample or partition")
+        if offsets is not None:
+            partition = _partition_from_offsets(offsets, values, validate)
+        elif shape_per_sample is not None:
+            partition = _partition_from_shapes(shape_per_sample, values, validate)
+        self.values = values
+        self.partition = partition.to(values.device)
+        self.partition.note_total(values.shape[0])
+
+    @property
+    def feature_shape(self) -> torch.Size:
+        """Shape of the regular dims after the ragged ones."""
+        return self.values.shape[1:]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element dtype."""
+        return self.values.dtype
+
+    @property
+    def row_ids(self) -> Tensor:
+        """``(total,)`` int64: the sample of every row of ``values``."""
+        return self.partition.row_ids
+
+
+def _partition_from_offsets(offsets: Tensor, values: Tensor, validate: bool) -> RowPartition:
+    check_tensor(offsets, "offsets")
+    if offsets.is_floating_point() or offsets.is_complex() or offsets.dtype == torch.bool:
+        raise TypeError(f"offsets must be an integer tensor (int32 or int64), got {offsets.dtype}")
+    if offsets.dim() != 1:
+        raise ValueError(f"offsets must be 1-d (B + 1,), got shape {tuple(offsets.shape)}")
+    offsets = offsets.to(device=values.device, dtype=torch.int64)
+    if validate:
+        check_offsets(offsets, values.shape[0])
+    return RowPartition.from_offsets(offsets)
+
+
+def _partition_from_shapes(shapes: Tensor, values: Tensor, validate: bool) -> RowPartition:
+    check_tensor(shapes, "shape_per_sample")
+    if shapes.is_floating_point() or shapes.dtype == torch.bool:
+        raise TypeError(f"shape_per_sample must be an integer tensor, got {shapes.dtype}")
+    if shapes.dim() != 2:
+        raise ValueError(f"shape_per_sample must have shape (B, k), got {tuple(shapes.shape)}")
+    partition = RowPartition.from_shapes(shapes.to(device=values.device, dtype=torch.int64))
+    if validate:
+        check_non_negative(partition.shape_per_sample, "shape_per_sample")
+        if partition.total != values.shape[0]:
+            raise ValueError(
+                f"shape_per_sample describes {partition.total} rows but values has "
+                f"{values.shape[0]}"
+            )
+    return partition

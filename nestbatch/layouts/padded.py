@@ -1,0 +1,115 @@
+"""`Padded`: every sample padded to a common shape, plus per-sample sizes (mask derived)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from nestbatch._validation import check_fits, check_non_negative, check_tensor
+from nestbatch.layouts.base import RaggedLayout
+from nestbatch.layouts.partition import RowPartition
+
+
+class Padded(RaggedLayout):
+    """A ragged batch stored as a padded rectangle and per-sample sizes.
+
+    Parameters
+    ----------
+    data : Tensor
+        ``(B, *padded_shape, *feature)``: sample ``i`` is ``data[i, :s_0, ..., :s_{k-1}]`` with
+        ``(s_0, ..., s_{k-1}) = shape_per_sample[i]``. ``padded_shape`` may exceed the largest
+        sample (kaolin's ``max_shape``).
+    lengths : Tensor, optional
+        ``(B,)`` integer, for one ragged dim. Give this or ``shape_per_sample`` (or a partition).
+    shape_per_sample : Tensor, optional
+        ``(B, k)`` integer, for ``k >= 1`` ragged dims.
+    partition : RowPartition, optional
+        An existing partition to share (no checks are run on it).
+    padding_value : float, optional
+        What the padded slots hold, when known (None: unspecified). Used to skip a refill when
+        the same filler is asked for again.
+    validate : bool, default True
+        Check that sizes are non-negative and fit ``data``; reads device values (a sync).
+
+    Raises
+    ------
+    ValueError
+        If sizes are negative, do not fit ``data``, or their batch size differs from ``data``'s.
+    """
+
+    def __init__(
+        self,
+        data: Tensor,
+        lengths: Tensor | None = None,
+        *,
+        shape_per_sample: Tensor | None = None,
+        partition: RowPartition | None = None,
+        padding_value: float | None = None,
+        validate: bool = True,
+    ) -> None:
+        check_tensor(data, "data")
+        given = sum(x is not None for x in (lengths, shape_per_sample, partition))
+        if given != 1:
+            raise ValueError("give exactly one of lengths, shape_per_sample or partition")
+        if partition is None:
+            partition = _partition_from_sizes(data, lengths, shape_per_sample, validate)
+        k = partition.num_ragged_dims
+        if data.dim() < 1 + k or data.shape[0] != partition.batch_size:
+            raise ValueError(
+                f"data must have shape (B={partition.batch_size}, {k} padded ragged dim(s), "
+                f"*feature), got {tuple(data.shape)}"
+            )
+        self.data = data
+        self.partition = partition.to(data.device)
+        self.padding_value = padding_value
+
+    @property
+    def padded_shape(self) -> torch.Size:
+        """Size of the ragged dims in ``data`` (at least the largest sample's)."""
+        return self.data.shape[1 : 1 + self.num_ragged_dims]
+
+    @property
+    def feature_shape(self) -> torch.Size:
+        """Shape of the regular dims after the ragged ones."""
+        return self.data.shape[1 + self.num_ragged_dims :]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element dtype."""
+        return self.data.dtype
+
+    @cached_property
+    def mask(self) -> Tensor:
+        """``(B, *padded_shape)`` bool: True on slots that hold sample elements."""
+        return self.partition.mask(self.padded_shape)
+
+
+def _partition_from_sizes(
+    data: Tensor, lengths: Tensor | None, shapes: Tensor | None, validate: bool
+) -> RowPartition:
+    name = "lengths" if lengths is not None else "shape_per_sample"
+    sizes = check_tensor(lengths if lengths is not None else shapes, name)
+    if sizes.is_floating_point() or sizes.is_complex() or sizes.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {sizes.dtype}")
+    expected_dims = 1 if lengths is not None else 2
+    if sizes.dim() != expected_dims:
+        raise ValueError(
+            f"{name} must be {expected_dims}-d, got shape {tuple(sizes.shape)}"
+        )
+    sizes = sizes.to(device=data.device, dtype=torch.int64).reshape(sizes.shape[0], -1)
+    if sizes.shape[0] != data.shape[0]:
+        raise ValueError(
+            f"{name} has {sizes.shape[0]} samples but data has batch size {data.shape[0]}"
+        )
+    k = sizes.shape[1]
+    if validate:
+        if data.dim() < 1 + k:
+            raise ValueError(
+                f"data must have at least {1 + k} dims for {k} ragged dim(s), got "
+                f"{tuple(data.shape)}"
+            )
+        check_non_negative(sizes, name)
+        check_fits(sizes, data.shape[1 : 1 + k], name)
+    return RowPartition.from_shapes(sizes)

@@ -1,0 +1,268 @@
+"""`RowPartition`: how the rows of a batch split into samples.
+
+The vocabulary is TensorFlow's. A batch of ``B`` samples whose shapes are
+``(*ragged_shape_i, *feature_shape)`` with ``k >= 1`` ragged dims is described by
+
+* ``shape_per_sample`` ``(B, k)`` int64: the ragged shape of every sample (kaolin's
+  ``shape_per_tensor``);
+* ``lengths`` ``(B,)`` int64: the number of packed rows of every sample, the product of its ragged
+  shape (TF ``row_lengths``);
+* ``offsets`` ``(B + 1,)`` int64: where each sample starts in the packed rows (TF ``row_splits``,
+  kaolin ``first_idx``);
+* ``row_ids`` ``(total,)`` int64: the sample of every packed row (TF ``value_rowids``);
+* ``positions`` ``(total,)`` int64: the index of every packed row inside its sample.
+
+Everything is derived from ``shape_per_sample`` on first use and cached, so every layout of a batch
+shares one partition and computes its metadata once. Host-side sizes are kept when known (a batch
+built from a list, or with ``max_len`` given), so shapes of outputs are known without reading device
+memory; when they exist only on the device, the first property that needs them reads them once
+(a device synchronization) and caches them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+
+class RowPartition:
+    """Per-sample ragged shapes of a batch, with lazily derived, cached metadata.
+
+    Parameters
+    ----------
+    shape_per_sample : Tensor
+        ``(B, k)`` int64, the ragged shape of every sample.
+    host_shapes : tuple of tuple of int, optional
+        The same shapes on the host, when the caller knows them (no synchronization needed then).
+    max_shape : tuple of int, optional
+        The per-dim maximum of the shapes on the host, when known without the full list.
+
+    Notes
+    -----
+    Immutable: build a new partition to describe another batch. Prefer the constructors
+    :meth:`from_lengths`, :meth:`from_offsets`, :meth:`from_shapes` and :meth:`from_host_shapes`.
+    """
+
+    def __init__(
+        self,
+        shape_per_sample: Tensor,
+        *,
+        host_shapes: tuple[tuple[int, ...], ...] | None = None,
+        max_shape: tuple[int, ...] | None = None,
+    ) -> None:
+        if shape_per_sample.dim() != 2:
+            raise ValueError(
+                f"shape_per_sample must have shape (B, k), got {tuple(shape_per_sample.shape)}"
+            )
+        if shape_per_sample.shape[1] < 1:
+            raise ValueError("a batch needs at least one ragged dim (k >= 1)")
+        self._shapes = shape_per_sample.to(torch.int64)
+        self._host_shapes = host_shapes
+        self._max_shape = max_shape
+
+    # ----------------------------------------------------------------------------- constructors
+    @classmethod
+    def from_host_shapes(
+        cls, shapes: Sequence[Sequence[int]], num_ragged_dims: int, device: torch.device
+    ) -> RowPartition:
+        """Partition from ragged shapes known on the host (no synchronization ever needed)."""
+        host = tuple(tuple(int(s) for s in shape) for shape in shapes)
+        tensor = torch.tensor(host, dtype=torch.int64).reshape(len(host), num_ragged_dims)
+        return cls(tensor.to(device), host_shapes=host)
+
+    @classmethod
+    def from_lengths(
+        cls, lengths: Tensor, *, host_lengths: Sequence[int] | None = None, max_len: int | None = None
+    ) -> RowPartition:
+        """Partition of a batch with one ragged dim, from its lengths ``(B,)``."""
+        host = None if host_lengths is None else tuple((int(n),) for n in host_lengths)
+        max_shape = None if max_len is None else (int(max_len),)
+        return cls(lengths.reshape(-1, 1), host_shapes=host, max_shape=max_shape)
+
+    @classmethod
+    def from_offsets(cls, offsets: Tensor, *, max_len: int | None = None) -> RowPartition:
+        """Partition of a batch with one ragged dim, from its offsets ``(B + 1,)``."""
+        partition = cls.from_lengths(offsets.diff(), max_len=max_len)
+        partition.__dict__["offsets"] = offsets.to(torch.int64)
+        return partition
+
+    @classmethod
+    def from_shapes(
+        cls, shape_per_sample: Tensor, *, max_shape: Sequence[int] | None = None
+    ) -> RowPartition:
+        """Partition from per-sample ragged shapes ``(B, k)`` held on the device."""
+        return cls(shape_per_sample, max_shape=None if max_shape is None else tuple(max_shape))
+
+    # ------------------------------------------------------------------------------- basic facts
+    @property
+    def batch_size(self) -> int:
+        """Number of samples ``B``."""
+        return self._shapes.shape[0]
+
+    @property
+    def num_ragged_dims(self) -> int:
+        """Number of ragged dims ``k``."""
+        return self._shapes.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the metadata tensors."""
+        return self._shapes.device
+
+    @property
+    def shape_per_sample(self) -> Tensor:
+        """``(B, k)`` int64: the ragged shape of every sample."""
+        return self._shapes
+
+    @property
+    def knows_host_shapes(self) -> bool:
+        """Whether the per-sample shapes are known on the host (no sync needed to read them)."""
+        return self._host_shapes is not None
+
+    # ---------------------------------------------------------------------- derived, on the host
+    @cached_property
+    def host_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Per-sample ragged shapes on the host.
+
+        Synchronizes with the device once when the shapes were only known there.
+        """
+        if self._host_shapes is None:
+            self._host_shapes = tuple(tuple(row) for row in self._shapes.tolist())
+        return self._host_shapes
+
+    @cached_property
+    def host_lengths(self) -> tuple[int, ...]:
+        """Number of packed rows of every sample, on the host (may synchronize once)."""
+        return tuple(math.prod(shape) for shape in self.host_shapes)
+
+    @cached_property
+    def host_offsets(self) -> tuple[int, ...]:
+        """Start of every sample in the packed rows, then the total, on the host (may sync once)."""
+        return (0, *itertools.accumulate(self.host_lengths))
+
+    @cached_property
+    def max_shape(self) -> tuple[int, ...]:
+        """Per-dim maximum of the ragged shapes (0 for an empty batch), on the host.
+
+        Synchronizes with the device once when neither the shapes nor their maximum are known on
+        the host.
+        """
+        if self._max_shape is not None:
+            return self._max_shape
+        if self._host_shapes is not None or self.batch_size == 0:
+            shapes = self.host_shapes
+            return tuple(max((s[d] for s in shapes), default=0) for d in range(self.num_ragged_dims))
+        return tuple(self._shapes.amax(0).tolist())
+
+    @cached_property
+    def total(self) -> int:
+        """Total number of packed rows, on the host (may synchronize once)."""
+        if self._host_shapes is not None:
+            return sum(self.host_lengths)
+        return int(self.offsets[-1])
+
+    # -------------------------------------------------------------------- derived, on the device
+    @cached_property
+    def lengths(self) -> Tensor:
+        """``(B,)`` int64: packed rows per sample, the product of each ragged shape."""
+        if self.num_ragged_dims == 1:
+            return self._shapes[:, 0]
+        return self._shapes.prod(1)
+
+    @cached_property
+    def offsets(self) -> Tensor:
+        """``(B + 1,)`` int64: start of every sample in the packed rows, then the total."""
+        offsets = self._shapes.new_zeros(self.batch_size + 1)
+        torch.cumsum(self.lengths, 0, out=offsets[1:])
+        return offsets
+
+    @cached_property
+    def row_ids(self) -> Tensor:
+        """``(total,)`` int64: the sample every packed row belongs to."""
+        samples = torch.arange(self.batch_size, device=self.device)
+        return torch.repeat_interleave(samples, self.lengths, output_size=self.total)
+
+    @cached_property
+    def positions(self) -> Tensor:
+        """``(total,)`` int64: the index of every packed row inside its sample."""
+        rows = torch.arange(self.total, device=self.device)
+        return rows - self.offsets[self.row_ids]
+
+    @cached_property
+    def ragged_index(self) -> tuple[Tensor, ...]:
+        """``k`` tensors ``(total,)``: the multi-index of every packed row in its sample's shape.
+
+        The packed rows of a sample are its ragged dims flattened in row-major order, so the
+        multi-index is the unravelled position.
+        """
+        if self.num_ragged_dims == 1:
+            return (self.positions,)
+        rest = self.positions
+        shapes = self._shapes[self.row_ids]
+        index = []
+        for d in range(self.num_ragged_dims - 1, 0, -1):
+            size = shapes[:, d].clamp_min(1)
+            index.append(rest % size)
+            rest = rest // size
+        index.append(rest)
+        return tuple(reversed(index))
+
+    def mask(self, padded_shape: Sequence[int] | None = None) -> Tensor:
+        """``(B, *padded_shape)`` bool: True where a padded slot holds a sample's element.
+
+        Parameters
+        ----------
+        padded_shape : sequence of int, optional
+            Size of every ragged dim of the padded data; defaults to :attr:`max_shape`.
+        """
+        padded_shape = self.max_shape if padded_shape is None else tuple(padded_shape)
+        k = self.num_ragged_dims
+        mask = None
+        for d, size in enumerate(padded_shape):
+            view = [self.batch_size] + [1] * k
+            view[d + 1] = size
+            in_range = torch.arange(size, device=self.device) < self._shapes[:, d, None]
+            in_range = in_range.view(view)
+            mask = in_range if mask is None else mask & in_range
+        return mask.expand(self.batch_size, *padded_shape)
+
+    def note_total(self, total: int) -> None:
+        """Record the total number of rows when a caller knows it on the host (saves a sync)."""
+        self.__dict__.setdefault("total", int(total))
+
+    # --------------------------------------------------------------------------------- transforms
+    def to(self, device: torch.device | str) -> RowPartition:
+        """The same partition with its tensors on ``device`` (host-side sizes are kept)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        return RowPartition(
+            self._shapes.to(device), host_shapes=self._host_shapes, max_shape=self._max_shape
+        )
+
+    def select(self, index: Tensor) -> RowPartition:
+        """Partition of the samples ``index`` (1-d int64, in range, on any device).
+
+        Host-side shapes carry over when ``index`` is a CPU tensor (no synchronization).
+        """
+        host = None
+        if self._host_shapes is not None and index.device.type == "cpu":
+            host = tuple(self._host_shapes[i] for i in index.tolist())
+        return RowPartition(self._shapes[index.to(self.device)], host_shapes=host)
+
+    def __getstate__(self) -> dict:
+        # Derived tensors are cheap to recompute; pickling only the source keeps payloads small.
+        return {
+            "_shapes": self._shapes,
+            "_host_shapes": self._host_shapes,
+            "_max_shape": self._max_shape,
+        }
+
+    def __repr__(self) -> str:
+        shapes = self._host_shapes if self._host_shapes is not None else "<on device>"
+        return f"RowPartition(batch_size={self.batch_size}, shapes={shapes})"

@@ -1,0 +1,86 @@
+"""`TensorList`: a batch kept as a Python list of sample tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from nestbatch._validation import check_same_feature_shape, common_dtype_device
+from nestbatch.layouts.base import RaggedLayout
+from nestbatch.layouts.partition import RowPartition
+
+
+class TensorList(RaggedLayout):
+    """A ragged batch as a list of ``B`` tensors of shape ``(*ragged_shape_i, *feature)``.
+
+    Parameters
+    ----------
+    tensors : sequence of Tensor
+        The samples. They are kept as given (no copy) unless ``dtype`` / ``device`` convert them.
+    num_ragged_dims : int, default 1
+        How many leading dims of every sample are ragged.
+    dtype, device : optional
+        Convert every sample; required when the samples' dtypes or devices differ.
+    feature_shape : sequence of int, optional
+        Feature shape of an empty batch (ignored otherwise; defaults to ``()``).
+
+    Raises
+    ------
+    ValueError
+        If the samples differ in number of dims or feature shape, or sit on mixed devices.
+    TypeError
+        If an element is not a tensor, or the samples have mixed dtypes without ``dtype=``.
+    """
+
+    def __init__(
+        self,
+        tensors: Sequence[Tensor],
+        num_ragged_dims: int = 1,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        feature_shape: Sequence[int] = (),
+        partition: RowPartition | None = None,
+    ) -> None:
+        if isinstance(tensors, Tensor) or not isinstance(tensors, Sequence):
+            raise TypeError(
+                f"tensors must be a list or tuple of tensors, got {type(tensors).__name__}"
+            )
+        if num_ragged_dims < 1:
+            raise ValueError(f"num_ragged_dims must be >= 1, got {num_ragged_dims}")
+        dtype, device = common_dtype_device(tensors, dtype, device, "tensors")
+        tensors = [t.to(device=device, dtype=dtype) for t in tensors]
+        check_same_feature_shape([t.shape for t in tensors], num_ragged_dims, "tensors")
+        if partition is None:
+            partition = RowPartition.from_host_shapes(
+                [t.shape[:num_ragged_dims] for t in tensors], num_ragged_dims, device
+            )
+        self.tensors = tuple(tensors)
+        self.partition = partition
+        self._dtype = dtype
+        self._feature_shape = (
+            tensors[0].shape[num_ragged_dims:] if tensors else torch.Size(feature_shape)
+        )
+
+    @property
+    def feature_shape(self) -> torch.Size:
+        """Shape of the regular dims after the ragged ones."""
+        return self._feature_shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element dtype."""
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the samples."""
+        return self.partition.device
+
+    def __getitem__(self, i: int) -> Tensor:
+        return self.tensors[i]
+
+    def __iter__(self):
+        return iter(self.tensors)

@@ -1,0 +1,874 @@
+"""``RaggedBatch``: a padded batch whose samples differ in size along one dim.
+
+The API follows ``accvlab.batching_helpers.RaggedBatch``: a padded data tensor
+plus a mask and per-sample sizes, one or more leading batch dims, and a
+non-uniform dim that may sit anywhere after the batch dims.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .batched_indexing import fill_padding
+
+if TYPE_CHECKING:
+    from .batch import NestedBatch
+
+__all__ = ["RaggedBatch"]
+
+_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def to_canonical(tensor: Tensor, num_batch_dims: int, dim: int) -> Tensor:
+    """Flatten the batch dims and move ``dim`` to position 1.
+
+    ``(*batch, ..., N at dim, ...)`` becomes ``(prod(batch), N, *rest)`` where
+    ``rest`` keeps the order of the remaining dims.
+    """
+    moved = tensor.movedim(dim, num_batch_dims)
+    # Explicit sizes (no -1): a -1 is ambiguous when the tensor is empty.
+    return moved.reshape((math.prod(tensor.shape[:num_batch_dims]),) + tuple(moved.shape[num_batch_dims:]))
+
+
+def from_canonical(tensor: Tensor, batch_shape: Sequence[int], dim: int) -> Tensor:
+    """Inverse of :func:`to_canonical`."""
+    unflat = tensor.reshape(tuple(batch_shape) + tuple(tensor.shape[1:]))
+    return unflat.movedim(len(batch_shape), dim)
+
+
+class _SampleLayout:
+    """Mask and sample sizes of a batch, shared by instances with the same samples.
+
+    Whichever of the two is missing is derived on first access and then cached,
+    so every instance sharing the layout profits from the derivation.
+    """
+
+    __slots__ = ("_mask", "_sample_sizes", "_total_num_entries", "max_size")
+
+    def __init__(self, mask: Tensor | None, sample_sizes: Tensor | None, max_size: int) -> None:
+        self._mask = mask
+        self._sample_sizes = sample_sizes
+        self._total_num_entries: int | None = None
+        self.max_size = max_size
+
+    @property
+    def mask(self) -> Tensor:
+        if self._mask is None:
+            sizes = self._sample_sizes
+            arange = torch.arange(self.max_size, device=sizes.device)
+            self._mask = arange < sizes.unsqueeze(-1)
+        return self._mask
+
+    @property
+    def sample_sizes(self) -> Tensor:
+        if self._sample_sizes is None:
+            self._sample_sizes = self._mask.sum(dim=-1, dtype=torch.int64)
+        return self._sample_sizes
+
+    @property
+    def total_num_entries(self) -> int:
+        if self._total_num_entries is None:
+            self._total_num_entries = int(self.sample_sizes.sum().item())
+        return self._total_num_entries
+
+    def map_batch(self, fn: Callable[[Tensor, int], Tensor], max_size: int | None = None) -> _SampleLayout:
+        """Apply a batch-dim transform to the existing tensors only.
+
+        ``fn(t, num_trailing)`` receives the sizes (``num_trailing == 0``) or
+        the mask (``num_trailing == 1``, the sample dim trails the batch dims).
+        """
+        mask = None if self._mask is None else fn(self._mask, 1)
+        sizes = None if self._sample_sizes is None else fn(self._sample_sizes, 0)
+        return _SampleLayout(mask, sizes, self.max_size if max_size is None else max_size)
+
+    def to_device(self, device: torch.device) -> _SampleLayout:
+        layout = self.map_batch(lambda t, _: t.to(device))
+        layout._total_num_entries = self._total_num_entries
+        return layout
+
+    @property
+    def device(self) -> torch.device:
+        return (self._mask if self._mask is not None else self._sample_sizes).device
+
+
+def _normalize_dim(dim: int, ndim: int, name: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{name} must be in [{-ndim}, {ndim}), got {dim}")
+    return dim % ndim
+
+
+def _check_batch_tensors(
+    tensor: Tensor, mask: Tensor | None, sample_sizes: Tensor | None, non_uniform_dim: int | None
+) -> tuple[int, int]:
+    """Validate constructor arguments; return ``(num_batch_dims, non_uniform_dim)``."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if mask is None and sample_sizes is None:
+        raise ValueError("at least one of mask or sample_sizes must be given")
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+        if mask.dim() < 2:
+            raise ValueError(f"mask must have at least 2 dims (*batch_shape, max_sample_size), got shape {tuple(mask.shape)}")
+    if sample_sizes is not None:
+        if not isinstance(sample_sizes, Tensor) or sample_sizes.dtype not in _INTEGER_DTYPES:
+            raise TypeError(
+                "sample_sizes must be an integer tensor (int32 or int64), got "
+                f"{getattr(sample_sizes, 'dtype', type(sample_sizes).__name__)}"
+            )
+        if sample_sizes.dim() < 1:
+            raise ValueError("sample_sizes must have at least 1 dim (*batch_shape,), got a scalar")
+    num_batch_dims = mask.dim() - 1 if mask is not None else sample_sizes.dim()
+    if sample_sizes is not None and mask is not None and tuple(mask.shape[:-1]) != tuple(sample_sizes.shape):
+        raise ValueError(
+            f"mask batch shape {tuple(mask.shape[:-1])} does not match sample_sizes shape {tuple(sample_sizes.shape)}"
+        )
+    if tensor.dim() <= num_batch_dims:
+        raise ValueError(
+            f"tensor must have more than num_batch_dims={num_batch_dims} dims, got shape {tuple(tensor.shape)}"
+        )
+    nud = num_batch_dims if non_uniform_dim is None else _normalize_dim(non_uniform_dim, tensor.dim(), "non_uniform_dim")
+    if nud < num_batch_dims:
+        raise ValueError(f"non_uniform_dim must not be a batch dim (< {num_batch_dims}), got {non_uniform_dim}")
+    batch_shape = tuple(tensor.shape[:num_batch_dims])
+    for name, other in (("mask", mask), ("sample_sizes", sample_sizes)):
+        if other is None:
+            continue
+        other_batch = tuple(other.shape[:num_batch_dims])
+        if other_batch != batch_shape:
+            raise ValueError(f"{name} batch shape {other_batch} does not match tensor batch shape {batch_shape}")
+        if other.device != tensor.device:
+            raise ValueError(f"{name} is on {other.device} but tensor is on {tensor.device}")
+    if mask is not None and mask.shape[-1] != tensor.shape[nud]:
+        raise ValueError(
+            f"mask width {mask.shape[-1]} does not match tensor.shape[non_uniform_dim={nud}]={tensor.shape[nud]}"
+        )
+    return num_batch_dims, nud
+
+
+def _num_required_positional(fn: Callable[..., Any]) -> int:
+    """Number of positional parameters without default; 1 when not introspectable."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    count = sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
+    return min(max(count, 1), 3)
+
+
+class RaggedBatch:
+    """Batch of samples whose sizes differ along one (non-uniform) dimension.
+
+    The batch consists of
+
+    * ``tensor``: the padded data, shape ``(*batch_shape, ..., max_sample_size, ...)``
+      with the non-uniform dim at ``non_uniform_dim`` (any dim after the batch
+      dims, by default right after them). Valid entries come first along the
+      non-uniform dim, followed by filler entries whose values are arbitrary.
+    * ``mask``: bool ``(*batch_shape, max_sample_size)``, ``True`` for valid entries.
+    * ``sample_sizes``: ``(*batch_shape,)``, the valid size of every sample.
+
+    Parameters
+    ----------
+    tensor : Tensor
+        Padded data.
+    mask : Tensor, optional
+        Bool validity mask ``(*batch_shape, max_sample_size)``.
+    sample_sizes : Tensor, optional
+        Integer sample sizes ``(*batch_shape,)``. At least one of ``mask`` and
+        ``sample_sizes`` is required; the other one is derived lazily on first
+        access and shared with all instances derived from this one (e.g. by
+        :meth:`create_with_sample_sizes_like_self`). If both are given they
+        must be consistent (not checked).
+    non_uniform_dim : int, optional
+        The non-uniform dim; defaults to ``num_batch_dims`` (i.e. 1 for a single
+        batch dim).
+
+    Notes
+    -----
+    The number of batch dims is ``mask.dim() - 1`` or ``sample_sizes.dim()``.
+    ``mask``, ``sample_sizes`` and ``non_uniform_dim`` may be shared between
+    instances and must never be modified in place.
+    """
+
+    __slots__ = ("_tensor", "_layout", "_non_uniform_dim", "_num_batch_dims")
+
+    def __init__(
+        self,
+        tensor: Tensor,
+        mask: Tensor | None = None,
+        sample_sizes: Tensor | None = None,
+        non_uniform_dim: int | None = None,
+    ) -> None:
+        num_batch_dims, nud = _check_batch_tensors(tensor, mask, sample_sizes, non_uniform_dim)
+        self._tensor = tensor
+        self._layout = _SampleLayout(mask, sample_sizes, tensor.shape[nud])
+        self._non_uniform_dim = nud
+        self._num_batch_dims = num_batch_dims
+
+    @classmethod
+    def _from_layout(cls, tensor: Tensor, layout: _SampleLayout, non_uniform_dim: int, num_batch_dims: int) -> RaggedBatch:
+        obj = cls.__new__(cls)
+        obj._tensor = tensor
+        obj._layout = layout
+        obj._non_uniform_dim = non_uniform_dim
+        obj._num_batch_dims = num_batch_dims
+        return obj
+
+    def _derived(self, tensor: Tensor, non_uniform_dim: int | None = None) -> RaggedBatch:
+        """Same samples, new data tensor; the layout is shared."""
+        nud = self._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
+        return self._from_layout(tensor, self._layout, nud, self._num_batch_dims)
+
+    # ------------------------------------------------------------------ factories
+
+    @classmethod
+    def FromOversizeTensor(  # noqa: N802 - name fixed by the reference API
+        cls,
+        tensor: Tensor,
+        mask: Tensor | None = None,
+        sample_sizes: Tensor | None = None,
+        non_uniform_dim: int | None = None,
+    ) -> RaggedBatch:
+        """Create from a tensor (and mask) larger than needed along the non-uniform dim.
+
+        ``tensor`` and ``mask`` are truncated to the maximum sample size. This
+        reads the maximum sample size on the host (one synchronization).
+
+        Parameters
+        ----------
+        tensor : Tensor
+            Data, over-sized along the non-uniform dim.
+        mask : Tensor, optional
+            Bool mask ``(*batch_shape, oversize)``.
+        sample_sizes : Tensor, optional
+            Sample sizes ``(*batch_shape,)``.
+        non_uniform_dim : int, optional
+            Defaults to ``num_batch_dims``.
+
+        Returns
+        -------
+        RaggedBatch
+        """
+        num_batch_dims, nud = _check_batch_tensors(tensor, mask, sample_sizes, non_uniform_dim)
+        if sample_sizes is None:
+            sample_sizes = mask.sum(dim=-1, dtype=torch.int64)
+        if sample_sizes.numel() == 0:
+            max_size = 0
+        else:
+            max_size = int(sample_sizes.max().item())
+        if max_size > tensor.shape[nud]:
+            raise ValueError(
+                f"sample_sizes reach {max_size}, more than tensor.shape[{nud}]={tensor.shape[nud]}"
+            )
+        tensor = tensor.narrow(nud, 0, max_size)
+        if mask is not None:
+            mask = mask.narrow(-1, 0, max_size)
+        return cls(tensor, mask, sample_sizes, nud)
+
+    @classmethod
+    def Empty(  # noqa: N802 - name fixed by the reference API
+        cls,
+        num_dims: int,
+        non_uniform_dim: int,
+        device: torch.device | str,
+        num_batch_dims: int | None = None,
+        batch_shape: Sequence[int] | int | None = None,
+    ) -> RaggedBatch:
+        """Create an instance of size 0 along every non-batch dim.
+
+        Parameters
+        ----------
+        num_dims : int
+            Total number of dims of the data tensor.
+        non_uniform_dim : int
+            The non-uniform dim.
+        device : torch.device or str
+            Device of the instance.
+        num_batch_dims : int, optional
+            Number of batch dims, each of size 0. Exclusive with ``batch_shape``.
+        batch_shape : sequence of int or int, optional
+            Batch shape. Exclusive with ``num_batch_dims``. If neither is given
+            the batch shape is ``(0,)``.
+
+        Returns
+        -------
+        RaggedBatch
+            ``float32`` data of shape ``(*batch_shape, 0, ..., 0)``.
+        """
+        if num_batch_dims is not None and batch_shape is not None:
+            raise ValueError("num_batch_dims and batch_shape cannot both be set")
+        if batch_shape is None:
+            batch_shape = (0,) * (1 if num_batch_dims is None else num_batch_dims)
+        elif isinstance(batch_shape, int):
+            batch_shape = (batch_shape,)
+        batch_shape = tuple(int(s) for s in batch_shape)
+        if len(batch_shape) < 1:
+            raise ValueError("at least one batch dim is required")
+        if num_dims <= len(batch_shape):
+            raise ValueError(f"num_dims must exceed the number of batch dims {len(batch_shape)}, got {num_dims}")
+        tensor = torch.zeros(batch_shape + (0,) * (num_dims - len(batch_shape)), device=device)
+        sizes = torch.zeros(batch_shape, dtype=torch.int64, device=device)
+        mask = torch.zeros(batch_shape + (0,), dtype=torch.bool, device=device)
+        return cls(tensor, mask, sizes, non_uniform_dim)
+
+    @classmethod
+    def FromFullTensor(  # noqa: N802 - name fixed by the reference API
+        cls, full_tensor: Tensor, non_uniform_dim: int = 1, num_batch_dims: int = 1
+    ) -> RaggedBatch:
+        """Wrap a uniform batch: every sample has the full size of ``non_uniform_dim``.
+
+        Parameters
+        ----------
+        full_tensor : Tensor
+            Data ``(*batch_shape, ...)``.
+        non_uniform_dim : int
+            Dim treated as the non-uniform one. Default 1.
+        num_batch_dims : int
+            Number of leading batch dims. Default 1.
+
+        Returns
+        -------
+        RaggedBatch
+        """
+        if not isinstance(full_tensor, Tensor):
+            raise TypeError(f"full_tensor must be a torch.Tensor, got {type(full_tensor).__name__}")
+        if not 1 <= num_batch_dims < full_tensor.dim():
+            raise ValueError(
+                f"num_batch_dims must be in [1, {full_tensor.dim()}) for a tensor of shape "
+                f"{tuple(full_tensor.shape)}, got {num_batch_dims}"
+            )
+        nud = _normalize_dim(non_uniform_dim, full_tensor.dim(), "non_uniform_dim")
+        sizes = torch.full(
+            full_tensor.shape[:num_batch_dims], full_tensor.shape[nud], dtype=torch.int64, device=full_tensor.device
+        )
+        return cls(full_tensor, sample_sizes=sizes, non_uniform_dim=nud)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def tensor(self) -> Tensor:
+        """The padded data tensor (use :meth:`set_tensor` to replace it)."""
+        return self._tensor
+
+    @property
+    def mask(self) -> Tensor:
+        """Bool validity mask ``(*batch_shape, max_sample_size)`` (derived lazily)."""
+        return self._layout.mask
+
+    @property
+    def sample_sizes(self) -> Tensor:
+        """Valid sizes ``(*batch_shape,)`` along the non-uniform dim (derived lazily)."""
+        return self._layout.sample_sizes
+
+    @property
+    def non_uniform_dim(self) -> int:
+        """The non-uniform dim (non-negative)."""
+        return self._non_uniform_dim
+
+    @property
+    def num_batch_dims(self) -> int:
+        """Number of leading batch dims."""
+        return self._num_batch_dims
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """Shape of the batch dims."""
+        return self._tensor.shape[: self._num_batch_dims]
+
+    @property
+    def total_num_samples_in_batch(self) -> int:
+        """Number of samples, i.e. the product of the batch shape."""
+        return math.prod(self.batch_shape)
+
+    @property
+    def total_num_entries(self) -> int:
+        """Sum of all sample sizes (one host synchronization on first access, then cached)."""
+        return self._layout.total_num_entries
+
+    @property
+    def max_sample_size(self) -> int:
+        """Maximum sample size, i.e. the size of the non-uniform dim (no synchronization)."""
+        return self._tensor.shape[self._non_uniform_dim]
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the data."""
+        return self._tensor.device
+
+    @property
+    def shape(self) -> torch.Size:
+        """Shape of the padded data tensor."""
+        return self._tensor.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the data."""
+        return self._tensor.dtype
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the data tensor requires gradients (settable)."""
+        return self._tensor.requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self._tensor.requires_grad_(value)
+
+    @property
+    def retains_grad(self) -> bool:
+        """Whether the (non-leaf) data tensor retains its gradient."""
+        return self._tensor.retains_grad
+
+    # ------------------------------------------------------------------ derived instances
+
+    def as_self_with_cloned_data(self) -> RaggedBatch:
+        """Copy with cloned data; mask and sample sizes are shared."""
+        return self._derived(self._tensor.clone())
+
+    def create_with_sample_sizes_like_self(
+        self, tensor: Tensor, non_uniform_dim: int | None = None, device: torch.device | str | None = None
+    ) -> RaggedBatch:
+        """New instance with other data but the batch shape and sample sizes of ``self``.
+
+        Parameters
+        ----------
+        tensor : Tensor
+            Padded data; its batch shape and the size of its non-uniform dim must
+            match ``self``. Other dims may differ.
+        non_uniform_dim : int, optional
+            Non-uniform dim of ``tensor``; defaults to ``self.non_uniform_dim``.
+        device : torch.device or str, optional
+            Device of the result; defaults to ``tensor.device``.
+
+        Returns
+        -------
+        RaggedBatch
+            Shares the mask and sample sizes with ``self`` (moved if the device
+            differs).
+        """
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if device is not None:
+            tensor = tensor.to(device)
+        nbd = self._num_batch_dims
+        if tensor.dim() <= nbd:
+            raise ValueError(f"tensor must have more than {nbd} dims, got shape {tuple(tensor.shape)}")
+        nud = self._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
+        nud = _normalize_dim(nud, tensor.dim(), "non_uniform_dim")
+        if nud < nbd:
+            raise ValueError(f"non_uniform_dim must not be a batch dim (< {nbd}), got {nud}")
+        if tuple(tensor.shape[:nbd]) != tuple(self.batch_shape):
+            raise ValueError(f"tensor batch shape {tuple(tensor.shape[:nbd])} does not match {tuple(self.batch_shape)}")
+        if tensor.shape[nud] != self.max_sample_size:
+            raise ValueError(
+                f"tensor.shape[{nud}]={tensor.shape[nud]} does not match max_sample_size={self.max_sample_size}"
+            )
+        layout = self._layout
+        if tensor.device != layout.device:
+            layout = layout.to_device(tensor.device)
+        return self._from_layout(tensor, layout, nud, nbd)
+
+    def get_non_uniform_dimension_transposed_to(self, dim: int) -> RaggedBatch:
+        """Swap the non-uniform dim with ``dim`` (a transpose); ``self`` if they are equal.
+
+        Parameters
+        ----------
+        dim : int
+            Target dim; must not be a batch dim.
+
+        Returns
+        -------
+        RaggedBatch
+        """
+        dim = _normalize_dim(dim, self._tensor.dim(), "dim")
+        if dim < self._num_batch_dims:
+            raise ValueError(f"dim must not be a batch dim (< {self._num_batch_dims}), got {dim}")
+        if dim == self._non_uniform_dim:
+            return self
+        return self._derived(self._tensor.transpose(self._non_uniform_dim, dim), dim)
+
+    def _mask_view(self) -> Tensor:
+        """The mask reshaped to broadcast against ``tensor``."""
+        nbd, nud, ndim = self._num_batch_dims, self._non_uniform_dim, self._tensor.dim()
+        shape = tuple(self.batch_shape) + (1,) * (nud - nbd) + (self.max_sample_size,) + (1,) * (ndim - nud - 1)
+        return self.mask.reshape(shape)
+
+    def get_existence_weights(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Weights of the shape of ``tensor``: 1 for valid entries, 0 for fillers.
+
+        Parameters
+        ----------
+        dtype : torch.dtype
+            Dtype of the weights. Default ``float32``.
+
+        Returns
+        -------
+        Tensor
+            Same shape as ``tensor`` (an expanded view of the mask).
+        """
+        return self._mask_view().to(dtype).expand(self._tensor.shape)
+
+    def with_padded_set_to(self, value_to_set: float) -> RaggedBatch:
+        """Copy with every filler entry set to ``value_to_set`` (not in place)."""
+        canonical = to_canonical(self._tensor, self._num_batch_dims, self._non_uniform_dim)
+        filled = fill_padding(canonical, self.sample_sizes.reshape(-1), value_to_set)
+        return self._derived(from_canonical(filled, self.batch_shape, self._non_uniform_dim))
+
+    def set_padded_to(self, value_to_set: float) -> None:
+        """Set every filler entry of ``tensor`` to ``value_to_set`` in place."""
+        self._tensor.masked_fill_(~self._mask_view(), value_to_set)
+
+    # ------------------------------------------------------------------ batch dims
+
+    def _with_batch_transform(
+        self, tensor: Tensor, fn: Callable[[Tensor, int], Tensor], num_batch_dims: int
+    ) -> RaggedBatch:
+        nud = self._non_uniform_dim - self._num_batch_dims + num_batch_dims
+        return self._from_layout(tensor, self._layout.map_batch(fn), nud, num_batch_dims)
+
+    def repeat_samples(self, num_repeats: int | Sequence[int], batch_dim: int | None = None) -> RaggedBatch:
+        """Tile the samples along batch dims (``[a, b] -> [a, b, a, b]``, like ``Tensor.repeat``).
+
+        Parameters
+        ----------
+        num_repeats : int or sequence of int
+            Repeats for ``batch_dim`` (int), or for every batch dim (sequence of
+            length ``num_batch_dims``; ``batch_dim`` must then be ``None``).
+        batch_dim : int, optional
+            Batch dim to repeat along when ``num_repeats`` is an int. Default 0.
+
+        Returns
+        -------
+        RaggedBatch
+        """
+        nbd = self._num_batch_dims
+        if isinstance(num_repeats, int):
+            batch_dim = 0 if batch_dim is None else batch_dim
+            if not 0 <= batch_dim < nbd:
+                raise ValueError(f"batch_dim must be in [0, {nbd}), got {batch_dim}")
+            repeats = [1] * nbd
+            repeats[batch_dim] = num_repeats
+        else:
+            if batch_dim is not None:
+                raise ValueError("batch_dim cannot be set when num_repeats is a sequence")
+            repeats = [int(r) for r in num_repeats]
+            if len(repeats) != nbd:
+                raise ValueError(f"num_repeats must have num_batch_dims={nbd} entries, got {len(repeats)}")
+        if any(r < 0 for r in repeats):
+            raise ValueError(f"num_repeats must be non-negative, got {repeats}")
+        return self._repeat(repeats)
+
+    def _repeat(self, repeats: Sequence[int]) -> RaggedBatch:
+        extra = self._tensor.dim() - self._num_batch_dims
+        tensor = self._tensor.repeat(*repeats, *([1] * extra))
+        return self._with_batch_transform(
+            tensor, lambda t, trailing: t.repeat(*repeats, *([1] * trailing)), self._num_batch_dims
+        )
+
+    def unsqueeze_batch_dim(self, dim: int) -> RaggedBatch:
+        """Insert a batch dim of size 1 at ``dim`` in ``[0, num_batch_dims]``.
+
+        The non-uniform dim shifts by one, e.g. with 2 batch dims and
+        ``non_uniform_dim == 4``, ``unsqueeze_batch_dim(1)`` gives
+        ``non_uniform_dim == 5``.
+        """
+        nbd = self._num_batch_dims
+        if not 0 <= dim <= nbd:
+            raise ValueError(f"dim must be in [0, {nbd}] (a batch dim), got {dim}")
+        return self._with_batch_transform(self._tensor.unsqueeze(dim), lambda t, _: t.unsqueeze(dim), nbd + 1)
+
+    def squeeze_batch_dim(self, batch_dim: int) -> RaggedBatch:
+        """Remove the batch dim ``batch_dim`` in ``[0, num_batch_dims)``; it must have size 1
+        and must not be the only batch dim."""
+        nbd = self._num_batch_dims
+        if not 0 <= batch_dim < nbd:
+            raise ValueError(f"batch_dim must be in [0, {nbd}), got {batch_dim}")
+        if nbd == 1:
+            raise ValueError("cannot squeeze the only batch dim")
+        if self.batch_shape[batch_dim] != 1:
+            raise ValueError(f"batch dim {batch_dim} has size {self.batch_shape[batch_dim]}, expected 1")
+        return self._with_batch_transform(
+            self._tensor.squeeze(batch_dim), lambda t, _: t.squeeze(batch_dim), nbd - 1
+        )
+
+    def reshape_batch_dims(self, new_batch_shape: int | Sequence[int]) -> RaggedBatch:
+        """Reshape the batch dims (one entry may be -1); the non-uniform dim is adjusted."""
+        shape = (new_batch_shape,) if isinstance(new_batch_shape, int) else tuple(int(s) for s in new_batch_shape)
+        shape = self._resolve_batch_shape(shape)
+        rest = tuple(self._tensor.shape[self._num_batch_dims :])
+        width = self.max_sample_size
+        return self._with_batch_transform(
+            self._tensor.reshape(shape + rest),
+            lambda t, trailing: t.reshape(shape + ((width,) if trailing else ())),
+            len(shape),
+        )
+
+    def _resolve_batch_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        total = self.total_num_samples_in_batch
+        if len(shape) < 1:
+            raise ValueError("new_batch_shape must have at least one dim")
+        if shape.count(-1) > 1 or any(s < -1 for s in shape):
+            raise ValueError(f"invalid new_batch_shape {shape}")
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            if known == 0 or total % known:
+                raise ValueError(f"cannot infer -1 in new_batch_shape {shape} for {total} samples")
+            shape = tuple(total // known if s == -1 else s for s in shape)
+        if math.prod(shape) != total:
+            raise ValueError(f"new_batch_shape {shape} does not match batch shape {tuple(self.batch_shape)}")
+        return shape
+
+    def flatten_batch_dims(self) -> RaggedBatch:
+        """Merge all batch dims into one (not in place)."""
+        return self.reshape_batch_dims((self.total_num_samples_in_batch,))
+
+    def broadcast_batch_dims_to_shape(self, new_batch_shape: int | Sequence[int]) -> RaggedBatch:
+        """Broadcast the batch dims to ``new_batch_shape`` by tiling samples.
+
+        Leading batch dims are added as needed (right-aligned like torch
+        broadcasting). Each existing batch dim must equal the new size, be 1,
+        or divide the new size; samples are tiled like :meth:`repeat_samples`
+        (``[a, b] -> [a, b, a, b]``). The data is copied.
+        """
+        shape = (new_batch_shape,) if isinstance(new_batch_shape, int) else tuple(int(s) for s in new_batch_shape)
+        nbd = self._num_batch_dims
+        if len(shape) < nbd:
+            raise ValueError(f"new_batch_shape {shape} has fewer dims than the batch shape {tuple(self.batch_shape)}")
+        result = self
+        for _ in range(len(shape) - nbd):
+            result = result.unsqueeze_batch_dim(0)
+        repeats = []
+        for old, new in zip(result.batch_shape, shape):
+            if old == new:
+                repeats.append(1)
+            elif old > 0 and new % old == 0:
+                repeats.append(new // old)
+            else:
+                raise ValueError(f"cannot broadcast batch shape {tuple(self.batch_shape)} to {shape}")
+        if all(r == 1 for r in repeats):
+            return result
+        return result._repeat(repeats)
+
+    @staticmethod
+    def broadcast_batch_dims(data: Sequence[RaggedBatch]) -> Sequence[RaggedBatch]:
+        """Broadcast several instances to their common batch shape (see
+        :meth:`broadcast_batch_dims_to_shape`)."""
+        data = list(data)
+        if not data:
+            return []
+        ndim = max(d.num_batch_dims for d in data)
+        shape = []
+        for pos in range(ndim):
+            sizes = [d.batch_shape[pos - ndim + d.num_batch_dims] for d in data if pos - ndim + d.num_batch_dims >= 0]
+            shape.append(max(sizes) if 0 not in sizes else 0)
+        return [d.broadcast_batch_dims_to_shape(shape) for d in data]
+
+    # ------------------------------------------------------------------ conversions
+
+    def to_device(self, device: torch.device | str) -> RaggedBatch:
+        """Copy on ``device``."""
+        return self.to(device)
+
+    def cpu(self) -> RaggedBatch:
+        """Copy on the CPU."""
+        return self.to("cpu")
+
+    def to_dtype(self, dtype: torch.dtype) -> RaggedBatch:
+        """Data converted to ``dtype``."""
+        return self._derived(self._tensor.to(dtype))
+
+    def detach(self) -> RaggedBatch:
+        """Data detached from the autograd graph."""
+        return self._derived(self._tensor.detach())
+
+    def to(self, *args: Any, **kwargs: Any) -> RaggedBatch:
+        """``self.tensor.to(*args, **kwargs)`` with the mask and sizes moved along if the device changes."""
+        tensor = self._tensor.to(*args, **kwargs)
+        layout = self._layout
+        if tensor.device != layout.device:
+            layout = layout.to_device(tensor.device)
+        return self._from_layout(tensor, layout, self._non_uniform_dim, self._num_batch_dims)
+
+    def int(self) -> RaggedBatch:
+        """Data converted to ``int32``."""
+        return self.to_dtype(torch.int32)
+
+    def long(self) -> RaggedBatch:
+        """Data converted to ``int64``."""
+        return self.to_dtype(torch.int64)
+
+    def bool(self) -> RaggedBatch:
+        """Data converted to ``bool``."""
+        return self.to_dtype(torch.bool)
+
+    def half(self) -> RaggedBatch:
+        """Data converted to ``float16``."""
+        return self.to_dtype(torch.float16)
+
+    def bfloat16(self) -> RaggedBatch:
+        """Data converted to ``bfloat16``."""
+        return self.to_dtype(torch.bfloat16)
+
+    def float(self) -> RaggedBatch:
+        """Data converted to ``float32``."""
+        return self.to_dtype(torch.float32)
+
+    def double(self) -> RaggedBatch:
+        """Data converted to ``float64``."""
+        return self.to_dtype(torch.float64)
+
+    def cfloat(self) -> RaggedBatch:
+        """Data converted to ``complex64``."""
+        return self.to_dtype(torch.complex64)
+
+    def cdouble(self) -> RaggedBatch:
+        """Data converted to ``complex128``."""
+        return self.to_dtype(torch.complex128)
+
+    # ------------------------------------------------------------------ data access
+
+    def apply(
+        self, proc_step: Callable[..., Tensor | tuple[Tensor, ...]]
+    ) -> RaggedBatch | tuple[RaggedBatch, ...]:
+        """Apply ``proc_step`` to the data and wrap the result(s) with the same sample sizes.
+
+        ``proc_step`` is called as ``proc_step(tensor)``, ``proc_step(tensor,
+        mask)`` or ``proc_step(tensor, mask, sample_sizes)`` depending on its
+        number of positional parameters without default. Every returned tensor
+        must keep the batch shape, the non-uniform dim and its size, and the
+        valid-entries-first order.
+
+        Returns
+        -------
+        RaggedBatch or tuple of RaggedBatch
+            One instance per returned tensor.
+        """
+        args = (self._tensor, self.mask, self.sample_sizes)[: _num_required_positional(proc_step)]
+        result = proc_step(*args)
+        if isinstance(result, tuple):
+            return tuple(self.create_with_sample_sizes_like_self(t) for t in result)
+        return self.create_with_sample_sizes_like_self(result)
+
+    def set_tensor(self, tensor: Tensor) -> None:
+        """Replace the data tensor in place of this instance.
+
+        ``tensor`` must have the batch shape, device and non-uniform size of
+        the current data, with valid entries first.
+        """
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        nbd, nud = self._num_batch_dims, self._non_uniform_dim
+        if tensor.dim() <= nud:
+            raise ValueError(f"tensor needs more than non_uniform_dim={nud} dims, got shape {tuple(tensor.shape)}")
+        if tuple(tensor.shape[:nbd]) != tuple(self.batch_shape) or tensor.shape[nud] != self.max_sample_size:
+            raise ValueError(
+                f"tensor shape {tuple(tensor.shape)} does not match batch shape {tuple(self.batch_shape)} "
+                f"and size {self.max_sample_size} along dim {nud}"
+            )
+        if tensor.device != self._layout.device:
+            raise ValueError(f"tensor is on {tensor.device}, expected {self._layout.device}")
+        self._tensor = tensor
+
+    def split(self) -> list[Any]:
+        """The samples without fillers, as a (nested) list mirroring the batch shape.
+
+        Reads the sample sizes on the host (one synchronization).
+
+        Returns
+        -------
+        list
+            A list of tensors for one batch dim, nested lists for more.
+        """
+        nbd = self._num_batch_dims
+        flat = self._tensor.reshape((self.total_num_samples_in_batch,) + tuple(self._tensor.shape[nbd:]))
+        sample_dim = self._non_uniform_dim - nbd
+        sizes = self.sample_sizes.reshape(-1).tolist()
+        samples = [flat[i].narrow(sample_dim, 0, size) for i, size in enumerate(sizes)]
+        for size in reversed(self.batch_shape[1:]):
+            samples = [samples[i : i + size] for i in range(0, len(samples), size)]
+        return samples
+
+    def unsqueeze_data_dim(self, dim: int) -> RaggedBatch:
+        """Insert a data dim of size 1 at ``dim`` (``num_batch_dims <= dim <= self.dim()``).
+
+        If the new dim is inserted at or before the non-uniform dim, the
+        non-uniform dim shifts by one (e.g. 1 batch dim, ``non_uniform_dim ==
+        1``: ``unsqueeze_data_dim(1)`` gives ``non_uniform_dim == 2``).
+        """
+        ndim = self._tensor.dim()
+        if dim < 0:
+            dim += ndim + 1
+        if not self._num_batch_dims <= dim <= ndim:
+            raise ValueError(f"dim must be in [{self._num_batch_dims}, {ndim}] (not a batch dim), got {dim}")
+        nud = self._non_uniform_dim + 1 if dim <= self._non_uniform_dim else self._non_uniform_dim
+        return self._derived(self._tensor.unsqueeze(dim), nud)
+
+    def __getitem__(self, item: Any) -> Tensor:
+        """``self.tensor[item]`` (filler entries are not hidden)."""
+        return self._tensor[item]
+
+    def __setitem__(self, item: Any, value: Any) -> None:
+        """``self.tensor[item] = value`` (filler entries are not protected)."""
+        self._tensor[item] = value.tensor if isinstance(value, RaggedBatch) else value
+
+    def retain_grad(self) -> None:
+        """Retain the gradient of the (non-leaf) data tensor."""
+        self._tensor.retain_grad()
+
+    def size(self, *args: Any, **kwargs: Any) -> torch.Size | int:
+        """``self.tensor.size(*args, **kwargs)``."""
+        return self._tensor.size(*args, **kwargs)
+
+    def dim(self) -> int:
+        """Number of dims of the data tensor."""
+        return self._tensor.dim()
+
+    def __repr__(self) -> str:
+        sizes = self.sample_sizes.tolist() if self.sample_sizes.numel() <= 16 else "..."
+        return (
+            f"RaggedBatch(shape={tuple(self._tensor.shape)}, num_batch_dims={self._num_batch_dims}, "
+            f"non_uniform_dim={self._non_uniform_dim}, sample_sizes={sizes}, "
+            f"dtype={self._tensor.dtype}, device={self._tensor.device}"
+            f"{', requires_grad=True' if self._tensor.requires_grad else ''})"
+        )
+
+    # ------------------------------------------------------------------ NestedBatch interop
+
+    def to_nested_batch(self) -> NestedBatch:
+        """Convert to a :class:`nestbatch.NestedBatch` (padded layout).
+
+        Requires a single batch dim. The padded tensor is shared (zero copy)
+        when the non-uniform dim is already 1; otherwise it is moved there
+        first (``movedim``, which may copy when the result is made contiguous).
+        """
+        from .batch import NestedBatch
+
+        if self._num_batch_dims != 1:
+            raise ValueError(f"to_nested_batch needs a single batch dim, got {self._num_batch_dims}")
+        tensor = self._tensor if self._non_uniform_dim == 1 else self._tensor.movedim(self._non_uniform_dim, 1)
+        return NestedBatch.from_padded(tensor, lengths=self.sample_sizes)
+
+    @classmethod
+    def from_nested_batch(cls, nb: NestedBatch) -> RaggedBatch:
+        """Create from a :class:`nestbatch.NestedBatch`, sharing its padded data tensor.
+
+        Parameters
+        ----------
+        nb : NestedBatch
+            Batch with samples of shape ``(length, *feature)``.
+
+        Returns
+        -------
+        RaggedBatch
+            ``(B, max_length, *feature)`` with ``non_uniform_dim == 1``.
+        """
+        padded = nb.padded()
+        return cls(padded.data, sample_sizes=padded.lengths, non_uniform_dim=1)
