@@ -287,7 +287,7 @@ class NestedBatch:
             self._cache[key] = convert.to_padded(source, padding_value)
         return self._cache[key]
 
-    def to_list(self) -> TensorList:
+    def tensor_list(self) -> TensorList:
         """The batch as :class:`~nestbatch.layouts.TensorList` (converted once, then cached)."""
         if Layout.LIST not in self._cache:
             self._cache[Layout.LIST] = convert.to_list(self._best_source(Layout.LIST))
@@ -295,7 +295,7 @@ class NestedBatch:
 
     def tolist(self) -> list[Tensor]:
         """The samples as a list of tensors (views into the stored data where possible)."""
-        return list(self.to_list().tensors)
+        return list(self.tensor_list().tensors)
 
     def _best_source(self, target: Layout) -> RaggedLayout:
         # Conversions between list and padded go through packed rows; prefer a cached packed
@@ -465,7 +465,7 @@ class NestedBatch:
             return self.packed()
         if layout is Layout.PADDED:
             return self.padded()
-        return self.to_list()
+        return self.tensor_list()
 
     def cpu(self) -> NestedBatch:
         """The batch on the CPU."""
@@ -542,7 +542,7 @@ class NestedBatch:
         """The samples, as views into the stored data (as ``torch.nested``'s ``unbind``)."""
         if dim != 0:
             raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
-        return tuple(self.to_list().tensors)
+        return tuple(self.tensor_list().tensors)
 
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.unbind())

@@ -74,7 +74,9 @@ def fill_padding(data: Tensor, sizes: Tensor, value: float) -> Tensor:
     return data.masked_fill(_expand_to_data(invalid, data.dim()), value)
 
 
-def indexing_access(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: float = 0) -> Tensor:
+def indexing_access(
+    data: Tensor, indices: Tensor, sizes: Tensor, filler_value: float = 0
+) -> Tensor:
     """Per-sample gather: ``out[b, j] = data[b, indices[b, j]]`` for ``j < sizes[b]``.
 
     Parameters
@@ -100,8 +102,12 @@ def indexing_access(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: 
     if data.shape[1] == 0:
         # Nothing can be read, so every slot is a filler slot; a one-row pad
         # gives the gather something to point at and keeps the autograd graph.
-        data = torch.cat([data, data.new_full((num_samples, 1) + tuple(data.shape[2:]), filler_value)], dim=1)
-    safe = torch.where(valid, indices, torch.zeros((), dtype=indices.dtype, device=indices.device)).long()
+        data = torch.cat(
+            [data, data.new_full((num_samples, 1) + tuple(data.shape[2:]), filler_value)], dim=1
+        )
+    safe = torch.where(
+        valid, indices, torch.zeros((), dtype=indices.dtype, device=indices.device)
+    ).long()
     batch_idx = torch.arange(num_samples, device=data.device).unsqueeze(1)
     gathered = data[batch_idx, safe]
     return gathered.masked_fill(_expand_to_data(~valid, gathered.dim()), filler_value)
@@ -138,7 +144,9 @@ def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tenso
     dummy = into.new_zeros((num_samples, 1) + tuple(into.shape[2:]))
     padded = torch.cat([into, dummy], dim=1)
     target = torch.where(valid, indices.long(), torch.full((), num_targets, device=indices.device))
-    batch_idx = torch.arange(num_samples, device=into.device).unsqueeze(1).expand(num_samples, width)
+    batch_idx = (
+        torch.arange(num_samples, device=into.device).unsqueeze(1).expand(num_samples, width)
+    )
     padded.index_put_((batch_idx, target), to_write)
     return padded.narrow(1, 0, num_targets)
 
@@ -171,7 +179,9 @@ def inverse_indexing_access(
     return indexing_write(data, indices, sizes, into)
 
 
-def index_mapping(source: Tensor, source_indices: Tensor, target_indices: Tensor, sizes: Tensor, target: Tensor) -> Tensor:
+def index_mapping(
+    source: Tensor, source_indices: Tensor, target_indices: Tensor, sizes: Tensor, target: Tensor
+) -> Tensor:
     """Per-sample mapping ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``.
 
     Parameters

@@ -33,7 +33,9 @@ def to_canonical(tensor: Tensor, num_batch_dims: int, dim: int) -> Tensor:
     """
     moved = tensor.movedim(dim, num_batch_dims)
     # Explicit sizes (no -1): a -1 is ambiguous when the tensor is empty.
-    return moved.reshape((math.prod(tensor.shape[:num_batch_dims]),) + tuple(moved.shape[num_batch_dims:]))
+    return moved.reshape(
+        (math.prod(tensor.shape[:num_batch_dims]),) + tuple(moved.shape[num_batch_dims:])
+    )
 
 
 def from_canonical(tensor: Tensor, batch_shape: Sequence[int], dim: int) -> Tensor:
@@ -77,7 +79,9 @@ class _SampleLayout:
             self._total_num_entries = int(self.sample_sizes.sum().item())
         return self._total_num_entries
 
-    def map_batch(self, fn: Callable[[Tensor, int], Tensor], max_size: int | None = None) -> _SampleLayout:
+    def map_batch(
+        self, fn: Callable[[Tensor, int], Tensor], max_size: int | None = None
+    ) -> _SampleLayout:
         """Apply a batch-dim transform to the existing tensors only.
 
         ``fn(t, num_trailing)`` receives the sizes (``num_trailing == 0``) or
@@ -113,9 +117,13 @@ def _check_batch_tensors(
         raise ValueError("at least one of mask or sample_sizes must be given")
     if mask is not None:
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+            raise TypeError(
+                f"mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}"
+            )
         if mask.dim() < 2:
-            raise ValueError(f"mask must have at least 2 dims (*batch_shape, max_sample_size), got shape {tuple(mask.shape)}")
+            raise ValueError(
+                f"mask must have at least 2 dims (*batch_shape, max_sample_size), got shape {tuple(mask.shape)}"
+            )
     if sample_sizes is not None:
         if not isinstance(sample_sizes, Tensor) or sample_sizes.dtype not in _INTEGER_DTYPES:
             raise TypeError(
@@ -125,7 +133,11 @@ def _check_batch_tensors(
         if sample_sizes.dim() < 1:
             raise ValueError("sample_sizes must have at least 1 dim (*batch_shape,), got a scalar")
     num_batch_dims = mask.dim() - 1 if mask is not None else sample_sizes.dim()
-    if sample_sizes is not None and mask is not None and tuple(mask.shape[:-1]) != tuple(sample_sizes.shape):
+    if (
+        sample_sizes is not None
+        and mask is not None
+        and tuple(mask.shape[:-1]) != tuple(sample_sizes.shape)
+    ):
         raise ValueError(
             f"mask batch shape {tuple(mask.shape[:-1])} does not match sample_sizes shape {tuple(sample_sizes.shape)}"
         )
@@ -133,16 +145,24 @@ def _check_batch_tensors(
         raise ValueError(
             f"tensor must have more than num_batch_dims={num_batch_dims} dims, got shape {tuple(tensor.shape)}"
         )
-    nud = num_batch_dims if non_uniform_dim is None else _normalize_dim(non_uniform_dim, tensor.dim(), "non_uniform_dim")
+    nud = (
+        num_batch_dims
+        if non_uniform_dim is None
+        else _normalize_dim(non_uniform_dim, tensor.dim(), "non_uniform_dim")
+    )
     if nud < num_batch_dims:
-        raise ValueError(f"non_uniform_dim must not be a batch dim (< {num_batch_dims}), got {non_uniform_dim}")
+        raise ValueError(
+            f"non_uniform_dim must not be a batch dim (< {num_batch_dims}), got {non_uniform_dim}"
+        )
     batch_shape = tuple(tensor.shape[:num_batch_dims])
     for name, other in (("mask", mask), ("sample_sizes", sample_sizes)):
         if other is None:
             continue
         other_batch = tuple(other.shape[:num_batch_dims])
         if other_batch != batch_shape:
-            raise ValueError(f"{name} batch shape {other_batch} does not match tensor batch shape {batch_shape}")
+            raise ValueError(
+                f"{name} batch shape {other_batch} does not match tensor batch shape {batch_shape}"
+            )
         if other.device != tensor.device:
             raise ValueError(f"{name} is on {other.device} but tensor is on {tensor.device}")
     if mask is not None and mask.shape[-1] != tensor.shape[nud]:
@@ -214,7 +234,9 @@ class RaggedBatch:
         self._num_batch_dims = num_batch_dims
 
     @classmethod
-    def _from_layout(cls, tensor: Tensor, layout: _SampleLayout, non_uniform_dim: int, num_batch_dims: int) -> RaggedBatch:
+    def _from_layout(
+        cls, tensor: Tensor, layout: _SampleLayout, non_uniform_dim: int, num_batch_dims: int
+    ) -> RaggedBatch:
         obj = cls.__new__(cls)
         obj._tensor = tensor
         obj._layout = layout
@@ -313,7 +335,9 @@ class RaggedBatch:
         if len(batch_shape) < 1:
             raise ValueError("at least one batch dim is required")
         if num_dims <= len(batch_shape):
-            raise ValueError(f"num_dims must exceed the number of batch dims {len(batch_shape)}, got {num_dims}")
+            raise ValueError(
+                f"num_dims must exceed the number of batch dims {len(batch_shape)}, got {num_dims}"
+            )
         tensor = torch.zeros(batch_shape + (0,) * (num_dims - len(batch_shape)), device=device)
         sizes = torch.zeros(batch_shape, dtype=torch.int64, device=device)
         mask = torch.zeros(batch_shape + (0,), dtype=torch.bool, device=device)
@@ -347,7 +371,10 @@ class RaggedBatch:
             )
         nud = _normalize_dim(non_uniform_dim, full_tensor.dim(), "non_uniform_dim")
         sizes = torch.full(
-            full_tensor.shape[:num_batch_dims], full_tensor.shape[nud], dtype=torch.int64, device=full_tensor.device
+            full_tensor.shape[:num_batch_dims],
+            full_tensor.shape[nud],
+            dtype=torch.int64,
+            device=full_tensor.device,
         )
         return cls(full_tensor, sample_sizes=sizes, non_uniform_dim=nud)
 
@@ -434,7 +461,10 @@ class RaggedBatch:
         return self._derived(self._tensor.clone())
 
     def create_with_sample_sizes_like_self(
-        self, tensor: Tensor, non_uniform_dim: int | None = None, device: torch.device | str | None = None
+        self,
+        tensor: Tensor,
+        non_uniform_dim: int | None = None,
+        device: torch.device | str | None = None,
     ) -> RaggedBatch:
         """New instance with other data but the batch shape and sample sizes of ``self``.
 
@@ -460,13 +490,17 @@ class RaggedBatch:
             tensor = tensor.to(device)
         nbd = self._num_batch_dims
         if tensor.dim() <= nbd:
-            raise ValueError(f"tensor must have more than {nbd} dims, got shape {tuple(tensor.shape)}")
+            raise ValueError(
+                f"tensor must have more than {nbd} dims, got shape {tuple(tensor.shape)}"
+            )
         nud = self._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
         nud = _normalize_dim(nud, tensor.dim(), "non_uniform_dim")
         if nud < nbd:
             raise ValueError(f"non_uniform_dim must not be a batch dim (< {nbd}), got {nud}")
         if tuple(tensor.shape[:nbd]) != tuple(self.batch_shape):
-            raise ValueError(f"tensor batch shape {tuple(tensor.shape[:nbd])} does not match {tuple(self.batch_shape)}")
+            raise ValueError(
+                f"tensor batch shape {tuple(tensor.shape[:nbd])} does not match {tuple(self.batch_shape)}"
+            )
         if tensor.shape[nud] != self.max_sample_size:
             raise ValueError(
                 f"tensor.shape[{nud}]={tensor.shape[nud]} does not match max_sample_size={self.max_sample_size}"
@@ -498,7 +532,12 @@ class RaggedBatch:
     def _mask_view(self) -> Tensor:
         """The mask reshaped to broadcast against ``tensor``."""
         nbd, nud, ndim = self._num_batch_dims, self._non_uniform_dim, self._tensor.dim()
-        shape = tuple(self.batch_shape) + (1,) * (nud - nbd) + (self.max_sample_size,) + (1,) * (ndim - nud - 1)
+        shape = (
+            tuple(self.batch_shape)
+            + (1,) * (nud - nbd)
+            + (self.max_sample_size,)
+            + (1,) * (ndim - nud - 1)
+        )
         return self.mask.reshape(shape)
 
     def get_existence_weights(self, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -534,7 +573,9 @@ class RaggedBatch:
         nud = self._non_uniform_dim - self._num_batch_dims + num_batch_dims
         return self._from_layout(tensor, self._layout.map_batch(fn), nud, num_batch_dims)
 
-    def repeat_samples(self, num_repeats: int | Sequence[int], batch_dim: int | None = None) -> RaggedBatch:
+    def repeat_samples(
+        self, num_repeats: int | Sequence[int], batch_dim: int | None = None
+    ) -> RaggedBatch:
         """Tile the samples along batch dims (``[a, b] -> [a, b, a, b]``, like ``Tensor.repeat``).
 
         Parameters
@@ -561,7 +602,9 @@ class RaggedBatch:
                 raise ValueError("batch_dim cannot be set when num_repeats is a sequence")
             repeats = [int(r) for r in num_repeats]
             if len(repeats) != nbd:
-                raise ValueError(f"num_repeats must have num_batch_dims={nbd} entries, got {len(repeats)}")
+                raise ValueError(
+                    f"num_repeats must have num_batch_dims={nbd} entries, got {len(repeats)}"
+                )
         if any(r < 0 for r in repeats):
             raise ValueError(f"num_repeats must be non-negative, got {repeats}")
         return self._repeat(repeats)
@@ -583,7 +626,9 @@ class RaggedBatch:
         nbd = self._num_batch_dims
         if not 0 <= dim <= nbd:
             raise ValueError(f"dim must be in [0, {nbd}] (a batch dim), got {dim}")
-        return self._with_batch_transform(self._tensor.unsqueeze(dim), lambda t, _: t.unsqueeze(dim), nbd + 1)
+        return self._with_batch_transform(
+            self._tensor.unsqueeze(dim), lambda t, _: t.unsqueeze(dim), nbd + 1
+        )
 
     def squeeze_batch_dim(self, batch_dim: int) -> RaggedBatch:
         """Remove the batch dim ``batch_dim`` in ``[0, num_batch_dims)``; it must have size 1
@@ -594,14 +639,20 @@ class RaggedBatch:
         if nbd == 1:
             raise ValueError("cannot squeeze the only batch dim")
         if self.batch_shape[batch_dim] != 1:
-            raise ValueError(f"batch dim {batch_dim} has size {self.batch_shape[batch_dim]}, expected 1")
+            raise ValueError(
+                f"batch dim {batch_dim} has size {self.batch_shape[batch_dim]}, expected 1"
+            )
         return self._with_batch_transform(
             self._tensor.squeeze(batch_dim), lambda t, _: t.squeeze(batch_dim), nbd - 1
         )
 
     def reshape_batch_dims(self, new_batch_shape: int | Sequence[int]) -> RaggedBatch:
         """Reshape the batch dims (one entry may be -1); the non-uniform dim is adjusted."""
-        shape = (new_batch_shape,) if isinstance(new_batch_shape, int) else tuple(int(s) for s in new_batch_shape)
+        shape = (
+            (new_batch_shape,)
+            if isinstance(new_batch_shape, int)
+            else tuple(int(s) for s in new_batch_shape)
+        )
         shape = self._resolve_batch_shape(shape)
         rest = tuple(self._tensor.shape[self._num_batch_dims :])
         width = self.max_sample_size
@@ -623,7 +674,9 @@ class RaggedBatch:
                 raise ValueError(f"cannot infer -1 in new_batch_shape {shape} for {total} samples")
             shape = tuple(total // known if s == -1 else s for s in shape)
         if math.prod(shape) != total:
-            raise ValueError(f"new_batch_shape {shape} does not match batch shape {tuple(self.batch_shape)}")
+            raise ValueError(
+                f"new_batch_shape {shape} does not match batch shape {tuple(self.batch_shape)}"
+            )
         return shape
 
     def flatten_batch_dims(self) -> RaggedBatch:
@@ -638,10 +691,16 @@ class RaggedBatch:
         or divide the new size; samples are tiled like :meth:`repeat_samples`
         (``[a, b] -> [a, b, a, b]``). The data is copied.
         """
-        shape = (new_batch_shape,) if isinstance(new_batch_shape, int) else tuple(int(s) for s in new_batch_shape)
+        shape = (
+            (new_batch_shape,)
+            if isinstance(new_batch_shape, int)
+            else tuple(int(s) for s in new_batch_shape)
+        )
         nbd = self._num_batch_dims
         if len(shape) < nbd:
-            raise ValueError(f"new_batch_shape {shape} has fewer dims than the batch shape {tuple(self.batch_shape)}")
+            raise ValueError(
+                f"new_batch_shape {shape} has fewer dims than the batch shape {tuple(self.batch_shape)}"
+            )
         result = self
         for _ in range(len(shape) - nbd):
             result = result.unsqueeze_batch_dim(0)
@@ -652,7 +711,9 @@ class RaggedBatch:
             elif old > 0 and new % old == 0:
                 repeats.append(new // old)
             else:
-                raise ValueError(f"cannot broadcast batch shape {tuple(self.batch_shape)} to {shape}")
+                raise ValueError(
+                    f"cannot broadcast batch shape {tuple(self.batch_shape)} to {shape}"
+                )
         if all(r == 1 for r in repeats):
             return result
         return result._repeat(repeats)
@@ -667,7 +728,11 @@ class RaggedBatch:
         ndim = max(d.num_batch_dims for d in data)
         shape = []
         for pos in range(ndim):
-            sizes = [d.batch_shape[pos - ndim + d.num_batch_dims] for d in data if pos - ndim + d.num_batch_dims >= 0]
+            sizes = [
+                d.batch_shape[pos - ndim + d.num_batch_dims]
+                for d in data
+                if pos - ndim + d.num_batch_dims >= 0
+            ]
             shape.append(max(sizes) if 0 not in sizes else 0)
         return [d.broadcast_batch_dims_to_shape(shape) for d in data]
 
@@ -767,8 +832,13 @@ class RaggedBatch:
             raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
         nbd, nud = self._num_batch_dims, self._non_uniform_dim
         if tensor.dim() <= nud:
-            raise ValueError(f"tensor needs more than non_uniform_dim={nud} dims, got shape {tuple(tensor.shape)}")
-        if tuple(tensor.shape[:nbd]) != tuple(self.batch_shape) or tensor.shape[nud] != self.max_sample_size:
+            raise ValueError(
+                f"tensor needs more than non_uniform_dim={nud} dims, got shape {tuple(tensor.shape)}"
+            )
+        if (
+            tuple(tensor.shape[:nbd]) != tuple(self.batch_shape)
+            or tensor.shape[nud] != self.max_sample_size
+        ):
             raise ValueError(
                 f"tensor shape {tuple(tensor.shape)} does not match batch shape {tuple(self.batch_shape)} "
                 f"and size {self.max_sample_size} along dim {nud}"
@@ -788,7 +858,9 @@ class RaggedBatch:
             A list of tensors for one batch dim, nested lists for more.
         """
         nbd = self._num_batch_dims
-        flat = self._tensor.reshape((self.total_num_samples_in_batch,) + tuple(self._tensor.shape[nbd:]))
+        flat = self._tensor.reshape(
+            (self.total_num_samples_in_batch,) + tuple(self._tensor.shape[nbd:])
+        )
         sample_dim = self._non_uniform_dim - nbd
         sizes = self.sample_sizes.reshape(-1).tolist()
         samples = [flat[i].narrow(sample_dim, 0, size) for i, size in enumerate(sizes)]
@@ -807,7 +879,9 @@ class RaggedBatch:
         if dim < 0:
             dim += ndim + 1
         if not self._num_batch_dims <= dim <= ndim:
-            raise ValueError(f"dim must be in [{self._num_batch_dims}, {ndim}] (not a batch dim), got {dim}")
+            raise ValueError(
+                f"dim must be in [{self._num_batch_dims}, {ndim}] (not a batch dim), got {dim}"
+            )
         nud = self._non_uniform_dim + 1 if dim <= self._non_uniform_dim else self._non_uniform_dim
         return self._derived(self._tensor.unsqueeze(dim), nud)
 
@@ -852,8 +926,14 @@ class RaggedBatch:
         from .batch import NestedBatch
 
         if self._num_batch_dims != 1:
-            raise ValueError(f"to_nested_batch needs a single batch dim, got {self._num_batch_dims}")
-        tensor = self._tensor if self._non_uniform_dim == 1 else self._tensor.movedim(self._non_uniform_dim, 1)
+            raise ValueError(
+                f"to_nested_batch needs a single batch dim, got {self._num_batch_dims}"
+            )
+        tensor = (
+            self._tensor
+            if self._non_uniform_dim == 1
+            else self._tensor.movedim(self._non_uniform_dim, 1)
+        )
         return NestedBatch.from_padded(tensor, lengths=self.sample_sizes)
 
     @classmethod

@@ -1,20 +1,22 @@
-"""Torch functions on a :class:`~nestbatch.NestedBatch`: the dispatch entry point."""
+"""Torch functions on a :class:`~nestbatch.NestedBatch`.
 
-from __future__ import annotations
+Importing this package imports every module that registers implementations in
+:mod:`nestbatch.ops.registry`; :func:`dispatch` is what ``NestedBatch.__torch_function__`` calls.
+"""
 
-from typing import Any
+import importlib
+import pkgutil
+
+from nestbatch.ops.registry import dispatch, register
 
 
-def dispatch(func: Any, types: tuple, args: tuple, kwargs: dict) -> Any:
-    """Run ``func`` on the nested batches in ``args`` / ``kwargs``.
+def _import_implementations() -> None:
+    # Every module of this package registers its ops when imported; a new module needs no edit.
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "registry":
+            importlib.import_module(f"{__name__}.{module.name}")
 
-    Raises
-    ------
-    TypeError
-        For a function with no nestbatch implementation, naming it and the way to a plain tensor.
-    """
-    name = getattr(func, "__name__", repr(func))
-    raise TypeError(
-        f"{name} is not supported on a NestedBatch; use .padded().data (with .mask) or .values "
-        "(the packed rows) to get a plain tensor"
-    )
+
+_import_implementations()
+
+__all__ = ["dispatch", "register"]

@@ -1,0 +1,905 @@
+"""Batched helpers for samples of differing size, compatible with ``accvlab.batching_helpers``.
+
+Code written for ``accvlab.batching_helpers`` works after changing only its
+import to ``nestbatch.batching_helpers``.
+
+Every function normalizes its operands (flattens the batch dims and moves the
+indexed dim to position 1), calls a primitive of
+:mod:`nestbatch.batched_indexing`, and restores the original layout. All
+functions run on the CPU and on accelerators.
+
+Conventions
+-----------
+* Index tensors are :class:`RaggedBatch` instances of dtype ``int32`` or
+  ``int64`` with shape ``(*batch_shape, max_num_indices)``; index slots at or
+  beyond a sample's size are padding and are never read.
+* Negative indices count from the end of the indexed dim of the sample: from
+  the sample's valid size when the indexed object is a :class:`RaggedBatch`
+  indexed along its non-uniform dim, from the full dim size otherwise.
+* Valid indices are range-checked before any computation and raise
+  ``IndexError``. The check reads one flag per call on the host, i.e. it
+  synchronizes with the device.
+* Filler (padded) output slots hold the documented filler value (0 by
+  default); their gradients are zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from . import batched_indexing as bi
+from .ragged_batch import RaggedBatch, from_canonical, to_canonical
+
+__all__ = [
+    "RaggedBatch",
+    "apply_mask_to_tensor",
+    "average_over_targets",
+    "batched_bool_indexing",
+    "batched_bool_indexing_write",
+    "batched_index_mapping",
+    "batched_indexing_access",
+    "batched_indexing_write",
+    "batched_inverse_indexing_access",
+    "combine_data",
+    "get_compact_from_named_tuple",
+    "get_compact_lists",
+    "get_indices_from_mask",
+    "get_mask_from_indices",
+    "squeeze_except_batch_and_sample",
+    "sum_over_targets",
+]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _require_ragged(value: object, name: str) -> RaggedBatch:
+    if not isinstance(value, RaggedBatch):
+        raise TypeError(f"{name} must be a RaggedBatch, got {_type_name(value)}")
+    return value
+
+
+def _require_data(value: object, name: str) -> Tensor | RaggedBatch:
+    if not isinstance(value, (Tensor, RaggedBatch)):
+        raise TypeError(f"{name} must be a torch.Tensor or RaggedBatch, got {_type_name(value)}")
+    return value
+
+
+def _require_index_batch(indices: object, name: str) -> RaggedBatch:
+    """Index batches: int32/int64 RaggedBatch of shape ``(*batch_shape, max_num_indices)``."""
+    indices = _require_ragged(indices, name)
+    if indices.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must have dtype int32 or int64, got {indices.dtype}")
+    if indices.dim() != indices.num_batch_dims + 1:
+        raise ValueError(
+            f"{name} must have shape (*batch_shape, max_num_indices) with {indices.num_batch_dims} batch dims, "
+            f"got shape {tuple(indices.shape)}"
+        )
+    return indices
+
+
+def _require_bool(value: Tensor | RaggedBatch, name: str) -> None:
+    if value.dtype != torch.bool:
+        raise TypeError(f"{name} must have dtype torch.bool, got {value.dtype}")
+
+
+def _check_device(
+    name: str, value: Tensor | RaggedBatch, ref_name: str, ref: Tensor | RaggedBatch
+) -> None:
+    if value.device != ref.device:
+        raise ValueError(f"{name} is on {value.device} but {ref_name} is on {ref.device}")
+
+
+def _check_same_dtype(
+    name: str, value: Tensor | RaggedBatch, ref_name: str, ref: Tensor | RaggedBatch
+) -> None:
+    if value.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {value.dtype} but {ref_name} has dtype {ref.dtype}")
+
+
+def _check_indexed_dim(dim: int, ndim: int, num_batch_dims: int, name: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{name} must be in [{-ndim}, {ndim}) for {ndim}-dim data, got {dim}")
+    dim %= ndim
+    if dim < num_batch_dims:
+        raise ValueError(f"{name} must not be one of the {num_batch_dims} batch dims, got {dim}")
+    return dim
+
+
+# ---------------------------------------------------------------------- operands
+
+
+class _Operand(NamedTuple):
+    """A data argument normalized to ``(B, N, *rest)`` along its indexed dim."""
+
+    canonical: Tensor
+    bound: Tensor | int  # valid size along the indexed dim, per sample or for all
+    dim: int
+    original: Tensor | RaggedBatch
+
+
+def _operand(
+    data: Tensor | RaggedBatch, name: str, batch_shape: torch.Size, dim: int | None, dim_name: str
+) -> _Operand:
+    """Normalize ``data`` whose leading dims must equal ``batch_shape``.
+
+    ``dim`` is the indexed dim (``None``: the non-uniform dim of a RaggedBatch,
+    ``len(batch_shape)`` for a tensor).
+    """
+    data = _require_data(data, name)
+    nbd = len(batch_shape)
+    if isinstance(data, RaggedBatch) and data.num_batch_dims != nbd:
+        raise ValueError(f"{name} must have {nbd} batch dims, got {data.num_batch_dims}")
+    if data.dim() <= nbd:
+        raise ValueError(f"{name} must have more than {nbd} dims, got shape {tuple(data.shape)}")
+    if tuple(data.shape[:nbd]) != tuple(batch_shape):
+        raise ValueError(
+            f"{name} batch shape {tuple(data.shape[:nbd])} does not match expected {tuple(batch_shape)}"
+        )
+    if dim is None:
+        dim = data.non_uniform_dim if isinstance(data, RaggedBatch) else nbd
+    dim = _check_indexed_dim(dim, data.dim(), nbd, dim_name)
+    tensor = data.tensor if isinstance(data, RaggedBatch) else data
+    if isinstance(data, RaggedBatch) and dim == data.non_uniform_dim:
+        bound: Tensor | int = data.sample_sizes.reshape(-1)
+    else:
+        bound = data.shape[dim]
+    return _Operand(to_canonical(tensor, nbd, dim), bound, dim, data)
+
+
+def _wrap_like(
+    operand: _Operand, canonical: Tensor, batch_shape: torch.Size
+) -> Tensor | RaggedBatch:
+    """Restore the layout of ``operand.original`` (tensor or RaggedBatch with its sizes)."""
+    tensor = from_canonical(canonical, batch_shape, operand.dim)
+    if isinstance(operand.original, RaggedBatch):
+        return operand.original.create_with_sample_sizes_like_self(tensor)
+    return tensor
+
+
+def _check_rest(name: str, operand: _Operand, ref_name: str, ref: _Operand) -> None:
+    if operand.canonical.shape[2:] != ref.canonical.shape[2:]:
+        raise ValueError(
+            f"{name} has shape {tuple(operand.original.shape)} (indexed dim {operand.dim}), which does not match "
+            f"{ref_name} shape {tuple(ref.original.shape)} (indexed dim {ref.dim}) outside the batch and indexed dims"
+        )
+
+
+# ---------------------------------------------------------------------- indices
+
+
+class _RangeCheck(NamedTuple):
+    indices: Tensor  # (B, M)
+    valid: Tensor  # (B, M) bool
+    bound: Tensor | int
+    name: str
+    target: str
+
+
+def _slot_validity(sizes: Tensor, width: int) -> Tensor:
+    return torch.arange(width, device=sizes.device).unsqueeze(0) < sizes.unsqueeze(1)
+
+
+def _bound_view(bound: Tensor | int) -> Tensor | int:
+    return bound.unsqueeze(1) if isinstance(bound, Tensor) else bound
+
+
+def _out_of_range(check: _RangeCheck) -> Tensor:
+    bound = _bound_view(check.bound)
+    return check.valid & ((check.indices >= bound) | (check.indices < -bound))
+
+
+def _resolve_indices(checks: Sequence[_RangeCheck]) -> list[Tensor]:
+    """Range-check (one host sync for all) and resolve negative indices."""
+    bad = [_out_of_range(c) for c in checks]
+    flags = torch.stack([b.any() for b in bad]).tolist() if bad else []
+    for check, is_bad, bad_slots in zip(checks, flags, bad):
+        if is_bad:
+            sample, slot = (int(v) for v in bad_slots.nonzero()[0])
+            bound = check.bound[sample].item() if isinstance(check.bound, Tensor) else check.bound
+            raise IndexError(
+                f"{check.name}: index {int(check.indices[sample, slot])} (flattened sample {sample}, slot {slot}) "
+                f"is out of range for {check.target} of size {bound}"
+            )
+    return [torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices) for c in checks]
+
+
+def _index_slots(indices: RaggedBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """Flattened ``(indices (B, M), sizes (B,), valid (B, M))`` of an index batch."""
+    flat = indices.tensor.reshape(indices.total_num_samples_in_batch, indices.max_sample_size)
+    sizes = indices.sample_sizes.reshape(-1)
+    return flat, sizes, _slot_validity(sizes, flat.shape[1])
+
+
+# ---------------------------------------------------------------------- masks & reductions
+
+
+def apply_mask_to_tensor(data: Tensor, mask: Tensor, value_to_set: float = 0.0) -> Tensor:
+    """Set the entries of ``data`` where ``mask`` is ``False`` to ``value_to_set``.
+
+    Parameters
+    ----------
+    data : Tensor
+        Data of any shape.
+    mask : Tensor
+        Bool tensor whose shape equals the leading ``mask.dim()`` dims of
+        ``data`` (constant over the remaining dims).
+    value_to_set : float
+        Value for masked-out entries. Default 0.
+
+    Returns
+    -------
+    Tensor
+        Like ``data`` (same dtype), with the mask applied.
+    """
+    if not isinstance(data, Tensor):
+        raise TypeError(f"data must be a torch.Tensor, got {_type_name(data)}")
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {_type_name(mask)}")
+    _require_bool(mask, "mask")
+    if mask.dim() > data.dim() or tuple(mask.shape) != tuple(data.shape[: mask.dim()]):
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} must equal the leading dims of data shape {tuple(data.shape)}"
+        )
+    _check_device("mask", mask, "data", data)
+    view = mask.reshape(tuple(mask.shape) + (1,) * (data.dim() - mask.dim()))
+    return data.masked_fill(~view, value_to_set)
+
+
+def sum_over_targets(data: RaggedBatch) -> Tensor:
+    """Per-sample sum over the valid entries along the non-uniform dim.
+
+    Parameters
+    ----------
+    data : RaggedBatch
+        Data to sum.
+
+    Returns
+    -------
+    Tensor
+        ``data.tensor`` with the non-uniform dim reduced away. Zero-size
+        samples give 0.
+    """
+    data = _require_ragged(data, "data")
+    return data.with_padded_set_to(0).tensor.sum(dim=data.non_uniform_dim)
+
+
+def average_over_targets(data: RaggedBatch, nans_to_zero: bool = True) -> Tensor:
+    """Per-sample mean over the valid entries along the non-uniform dim.
+
+    Parameters
+    ----------
+    data : RaggedBatch
+        Data to average. Integer and bool data give a floating point result
+        of the default dtype.
+    nans_to_zero : bool
+        Replace NaNs by 0 after averaging (this covers zero-size samples,
+        whose mean is NaN otherwise). Default True.
+
+    Returns
+    -------
+    Tensor
+        ``data.tensor`` with the non-uniform dim reduced away.
+    """
+    data = _require_ragged(data, "data")
+    total = sum_over_targets(data)
+    if not (total.is_floating_point() or total.is_complex()):
+        total = total.to(torch.get_default_dtype())
+    sizes = data.sample_sizes.reshape(
+        tuple(data.batch_shape) + (1,) * (total.dim() - data.num_batch_dims)
+    )
+    # Dividing by max(size, 1) keeps the gradient finite for zero-size samples.
+    mean = total / sizes.clamp(min=1).to(total.dtype)
+    mean = torch.where(
+        sizes == 0, torch.full((), math.nan, dtype=mean.dtype, device=mean.device), mean
+    )
+    if nans_to_zero:
+        mean = torch.where(
+            torch.isnan(mean), torch.zeros((), dtype=mean.dtype, device=mean.device), mean
+        )
+    return mean
+
+
+def squeeze_except_batch_and_sample(data: Tensor | RaggedBatch) -> Tensor | RaggedBatch:
+    """Squeeze all size-1 dims except the batch dims and the non-uniform dim.
+
+    For tensors, dim 0 is the batch dim and dim 1 the non-uniform dim. For a
+    RaggedBatch, ``non_uniform_dim`` decreases by the number of squeezed dims
+    before it, e.g. shape ``(4, 1, 1, 3, 4)`` with 2 batch dims and
+    ``non_uniform_dim == 3`` becomes ``(4, 1, 3, 4)`` with ``non_uniform_dim == 2``.
+
+    Parameters
+    ----------
+    data : Tensor or RaggedBatch
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        Same type as ``data``.
+    """
+    data = _require_data(data, "data")
+    if isinstance(data, RaggedBatch):
+        keep = set(range(data.num_batch_dims)) | {data.non_uniform_dim}
+    else:
+        keep = {0, 1}
+    squeeze = tuple(d for d in range(data.dim()) if d not in keep and data.shape[d] == 1)
+    tensor = data.tensor if isinstance(data, RaggedBatch) else data
+    squeezed = tensor.squeeze(squeeze) if squeeze else tensor
+    if isinstance(data, RaggedBatch):
+        nud = data.non_uniform_dim - sum(1 for d in squeeze if d < data.non_uniform_dim)
+        return data.create_with_sample_sizes_like_self(squeezed, non_uniform_dim=nud)
+    return squeezed
+
+
+# ---------------------------------------------------------------------- index-based access
+
+
+def batched_indexing_access(
+    input_data: Tensor | RaggedBatch,
+    input_indices: RaggedBatch,
+    filler_value: float = 0.0,
+    dim_to_index_in: int | None = None,
+) -> RaggedBatch:
+    """Per-sample indexing: ``indexed_vals[i, j] == input_data[i, input_indices[i, j]]``.
+
+    Runs on any device. Range-checks the valid indices (one host sync).
+
+    Parameters
+    ----------
+    input_data : Tensor or RaggedBatch
+        Data whose leading dims equal ``input_indices.batch_shape``.
+    input_indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``;
+        duplicates are allowed (their gradients add up).
+    filler_value : float
+        Value of the output filler slots. Default 0.
+    dim_to_index_in : int, optional
+        Dim of ``input_data`` to index; defaults to
+        ``input_indices.non_uniform_dim``. Must not be a batch dim.
+
+    Returns
+    -------
+    RaggedBatch
+        ``input_data`` with ``dim_to_index_in`` replaced by ``max_num_indices``;
+        this is the non-uniform dim of the result, whose sample sizes are those
+        of ``input_indices`` (shared).
+    """
+    indices = _require_index_batch(input_indices, "input_indices")
+    _require_data(input_data, "input_data")
+    _check_device("input_data", input_data, "input_indices", indices)
+    dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
+    data = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
+    flat, sizes, valid = _index_slots(indices)
+    (resolved,) = _resolve_indices(
+        [_RangeCheck(flat, valid, data.bound, "input_indices", "input_data")]
+    )
+    out = bi.indexing_access(data.canonical, resolved, sizes, filler_value)
+    tensor = from_canonical(out, indices.batch_shape, data.dim)
+    return indices.create_with_sample_sizes_like_self(tensor, non_uniform_dim=data.dim)
+
+
+def _check_write_width(name: str, operand: _Operand, width: int) -> None:
+    if operand.canonical.shape[1] != width:
+        raise ValueError(
+            f"{name} has size {operand.canonical.shape[1]} along the indexed dim {operand.dim}, "
+            f"expected max_num_indices={width}"
+        )
+
+
+def batched_indexing_write(
+    to_write: Tensor | RaggedBatch,
+    output_indices: RaggedBatch,
+    to_write_into: Tensor | RaggedBatch,
+    dim_to_index_in: int | None = None,
+) -> Tensor | RaggedBatch:
+    """Per-sample scatter: ``out[i, output_indices[i, j]] = to_write[i, j]`` for valid ``j``.
+
+    Runs on any device. Range-checks the valid indices (one host sync).
+    Valid indices of a sample must be unique (otherwise an unspecified one of
+    the written values wins).
+
+    Parameters
+    ----------
+    to_write : Tensor or RaggedBatch
+        Values ``(*batch_shape, ..., max_num_indices at dim_to_index_in, ...)``.
+    output_indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
+    to_write_into : Tensor or RaggedBatch
+        Data written into (not modified); same dtype and, except along
+        ``dim_to_index_in``, same shape as ``to_write``.
+    dim_to_index_in : int, optional
+        Indexed dim of both data arguments; defaults to
+        ``output_indices.non_uniform_dim``.
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        Same type, shape and sample sizes as ``to_write_into``.
+    """
+    indices = _require_index_batch(output_indices, "output_indices")
+    _require_data(to_write, "to_write")
+    _require_data(to_write_into, "to_write_into")
+    _check_device("to_write", to_write, "output_indices", indices)
+    _check_device("to_write_into", to_write_into, "output_indices", indices)
+    _check_same_dtype("to_write", to_write, "to_write_into", to_write_into)
+    dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
+    values = _operand(to_write, "to_write", indices.batch_shape, dim, "dim_to_index_in")
+    into = _operand(to_write_into, "to_write_into", indices.batch_shape, dim, "dim_to_index_in")
+    _check_rest("to_write", values, "to_write_into", into)
+    _check_write_width("to_write", values, indices.max_sample_size)
+    flat, sizes, valid = _index_slots(indices)
+    (resolved,) = _resolve_indices(
+        [_RangeCheck(flat, valid, into.bound, "output_indices", "to_write_into")]
+    )
+    out = bi.indexing_write(values.canonical, resolved, sizes, into.canonical)
+    return _wrap_like(into, out, indices.batch_shape)
+
+
+def batched_inverse_indexing_access(
+    input_data: Tensor | RaggedBatch,
+    output_indices: RaggedBatch,
+    output_num_targets: int,
+    filler_value: float = 0.0,
+    dim_to_index_in: int | None = None,
+) -> Tensor:
+    """Scatter into a filler tensor: ``output[i, output_indices[i, j]] == input_data[i, j]``.
+
+    Runs on any device. Range-checks the valid indices against
+    ``output_num_targets`` (one host sync). Valid indices of a sample must be
+    unique.
+
+    Parameters
+    ----------
+    input_data : Tensor or RaggedBatch
+        Values ``(*batch_shape, ..., max_num_indices at dim_to_index_in, ...)``.
+    output_indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
+    output_num_targets : int
+        Size of the indexed dim of the output.
+    filler_value : float
+        Value of all positions not written to. Default 0.
+    dim_to_index_in : int, optional
+        Indexed dim; defaults to ``output_indices.non_uniform_dim``.
+
+    Returns
+    -------
+    Tensor
+        ``input_data`` shape with ``dim_to_index_in`` of size ``output_num_targets``.
+    """
+    indices = _require_index_batch(output_indices, "output_indices")
+    _require_data(input_data, "input_data")
+    _check_device("input_data", input_data, "output_indices", indices)
+    if not isinstance(output_num_targets, int) or output_num_targets < 0:
+        raise ValueError(
+            f"output_num_targets must be a non-negative int, got {output_num_targets!r}"
+        )
+    dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
+    values = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
+    _check_write_width("input_data", values, indices.max_sample_size)
+    flat, sizes, valid = _index_slots(indices)
+    (resolved,) = _resolve_indices(
+        [_RangeCheck(flat, valid, output_num_targets, "output_indices", "the output")]
+    )
+    out = bi.inverse_indexing_access(
+        values.canonical, resolved, sizes, output_num_targets, filler_value
+    )
+    return from_canonical(out, indices.batch_shape, values.dim)
+
+
+def batched_index_mapping(
+    source_data: Tensor | RaggedBatch,
+    source_indices: RaggedBatch,
+    target_indices: RaggedBatch,
+    target_data: Tensor | RaggedBatch,
+) -> Tensor | RaggedBatch:
+    """Per-sample mapping ``target[i, target_indices[i, j]] = source[i, source_indices[i, j]]``.
+
+    Index pair ``j`` is used when it is valid in both index batches. Both data
+    arguments are indexed along their non-uniform dim (the dim right after the
+    batch dims for tensors). Runs on any device; range-checks the valid indices
+    (one host sync). Target indices of a sample must be unique; source
+    indices may repeat (their gradients add up).
+
+    Parameters
+    ----------
+    source_data : Tensor or RaggedBatch
+        ``(*batch_shape, num_entries_input, ...)`` (indexed dim may be moved).
+    source_indices : RaggedBatch
+        ``int32``/``int64`` ``(*batch_shape, max_num_matches)``.
+    target_indices : RaggedBatch
+        ``int32``/``int64`` ``(*batch_shape, max_num_matches)``.
+    target_data : Tensor or RaggedBatch
+        ``(*batch_shape, num_entries_output, ...)``; same dtype as
+        ``source_data`` and same shape outside the indexed dim.
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        ``target_data`` (same type and sample sizes) with the mapped values.
+    """
+    src_idx = _require_index_batch(source_indices, "source_indices")
+    tgt_idx = _require_index_batch(target_indices, "target_indices")
+    if tuple(src_idx.batch_shape) != tuple(tgt_idx.batch_shape):
+        raise ValueError(
+            f"source_indices batch shape {tuple(src_idx.batch_shape)} does not match "
+            f"target_indices batch shape {tuple(tgt_idx.batch_shape)}"
+        )
+    for name, value in (("source_data", source_data), ("target_data", target_data)):
+        _require_data(value, name)
+    for name, value in (
+        ("source_indices", src_idx),
+        ("source_data", source_data),
+        ("target_data", target_data),
+    ):
+        _check_device(name, value, "target_indices", tgt_idx)
+    _check_same_dtype("source_data", source_data, "target_data", target_data)
+    batch_shape = tgt_idx.batch_shape
+    source = _operand(source_data, "source_data", batch_shape, None, "non_uniform_dim")
+    target = _operand(target_data, "target_data", batch_shape, None, "non_uniform_dim")
+    _check_rest("source_data", source, "target_data", target)
+    width = min(src_idx.max_sample_size, tgt_idx.max_sample_size)
+    s_flat, s_sizes, _ = _index_slots(src_idx)
+    t_flat, t_sizes, _ = _index_slots(tgt_idx)
+    sizes = torch.minimum(s_sizes, t_sizes)
+    valid = _slot_validity(sizes, width)
+    s_res, t_res = _resolve_indices(
+        [
+            _RangeCheck(s_flat[:, :width], valid, source.bound, "source_indices", "source_data"),
+            _RangeCheck(t_flat[:, :width], valid, target.bound, "target_indices", "target_data"),
+        ]
+    )
+    out = bi.index_mapping(source.canonical, s_res, t_res, sizes, target.canonical)
+    return _wrap_like(target, out, batch_shape)
+
+
+def get_mask_from_indices(mask_num_targets: int, indices: RaggedBatch) -> Tensor:
+    """Mask with ``mask[i, indices[i, j]] = True`` for the valid ``j``.
+
+    Runs on any device; range-checks the valid indices against
+    ``mask_num_targets`` (one host sync).
+
+    Parameters
+    ----------
+    mask_num_targets : int
+        Width of the mask.
+    indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
+
+    Returns
+    -------
+    Tensor
+        Bool mask ``(*batch_shape, mask_num_targets)``.
+    """
+    indices = _require_index_batch(indices, "indices")
+    if not isinstance(mask_num_targets, int) or mask_num_targets < 0:
+        raise ValueError(f"mask_num_targets must be a non-negative int, got {mask_num_targets!r}")
+    flat, sizes, valid = _index_slots(indices)
+    (resolved,) = _resolve_indices(
+        [_RangeCheck(flat, valid, mask_num_targets, "indices", "the mask")]
+    )
+    mask = bi.indices_to_mask(resolved, sizes, mask_num_targets)
+    return mask.reshape(tuple(indices.batch_shape) + (mask_num_targets,))
+
+
+# ---------------------------------------------------------------------- mask-based access
+
+
+def _mask_operand(
+    mask: Tensor | RaggedBatch, name: str
+) -> tuple[Tensor, torch.Size, Tensor | None]:
+    """``(mask tensor, batch shape, validity mask or None)`` of a mask argument."""
+    _require_data(mask, name)
+    _require_bool(mask, name)
+    if isinstance(mask, RaggedBatch):
+        if mask.dim() != mask.num_batch_dims + 1:
+            raise ValueError(
+                f"{name} must have shape (*batch_shape, max_sample_size), got {tuple(mask.shape)}"
+            )
+        return mask.tensor, mask.batch_shape, mask.mask
+    if mask.dim() != 2:
+        raise ValueError(
+            f"{name} must have shape (batch_size, num_entries), got {tuple(mask.shape)}"
+        )
+    return mask, mask.shape[:1], None
+
+
+def get_indices_from_mask(mask: Tensor | RaggedBatch) -> RaggedBatch:
+    """Positions of the ``True`` entries of each sample's mask, in increasing order.
+
+    Runs on any device. Needs one host sync, as the output width is the
+    largest ``True`` count.
+
+    Parameters
+    ----------
+    mask : Tensor or RaggedBatch
+        Bool ``(batch_size, num_entries)`` tensor, or a bool RaggedBatch
+        ``(*batch_shape, max_sample_size)`` whose filler entries are ignored.
+
+    Returns
+    -------
+    RaggedBatch
+        ``int64`` indices ``(*batch_shape, max_count)``, filler 0.
+    """
+    tensor, batch_shape, validity = _mask_operand(mask, "mask")
+    if validity is not None:
+        tensor = tensor & validity
+    flat = tensor.reshape(math.prod(batch_shape), tensor.shape[-1])
+    indices, counts = bi.mask_to_indices(flat)
+    return RaggedBatch(
+        indices.reshape(tuple(batch_shape) + (indices.shape[1],)),
+        sample_sizes=counts.reshape(batch_shape),
+    )
+
+
+def _bool_index_operands(
+    data: Tensor | RaggedBatch, data_name: str, mask: Tensor | RaggedBatch, mask_name: str
+) -> tuple[_Operand, Tensor, torch.Size]:
+    """Normalize a (data, mask) pair; returns ``(data operand, effective mask (B, N), batch shape)``.
+
+    The effective mask is ``False`` on every filler entry of either argument.
+    """
+    _require_data(data, data_name)
+    mask_tensor, batch_shape, validity = _mask_operand(mask, mask_name)
+    _check_device(mask_name, mask, data_name, data)
+    both_ragged = isinstance(data, RaggedBatch) and isinstance(mask, RaggedBatch)
+    for name, value in ((data_name, data), (mask_name, mask)):
+        if not both_ragged and isinstance(value, RaggedBatch) and value.num_batch_dims != 1:
+            raise ValueError(
+                f"{name} must have a single batch dim unless both {data_name} and {mask_name} are RaggedBatch "
+                f"instances, got {value.num_batch_dims}"
+            )
+    operand = _operand(data, data_name, batch_shape, None, "non_uniform_dim")
+    num_entries = operand.canonical.shape[1]
+    if mask_tensor.shape[-1] != num_entries:
+        raise ValueError(
+            f"{mask_name} has {mask_tensor.shape[-1]} entries per sample but {data_name} has {num_entries} "
+            f"along its non-uniform dim {operand.dim}"
+        )
+    effective = mask_tensor.reshape(math.prod(batch_shape), num_entries)
+    if validity is not None:
+        effective = effective & validity.reshape(effective.shape)
+    if isinstance(operand.bound, Tensor):
+        effective = effective & _slot_validity(operand.bound, num_entries)
+    return operand, effective, batch_shape
+
+
+def batched_bool_indexing(
+    input_data: Tensor | RaggedBatch, input_mask: Tensor | RaggedBatch
+) -> RaggedBatch:
+    """Per-sample boolean indexing along the non-uniform dim, packed to the front.
+
+    Filler entries of RaggedBatch arguments are never selected. With a tensor
+    and a RaggedBatch, a single batch dim is required and the RaggedBatch's
+    sample sizes apply to both; tensors are indexed along dim 1.
+
+    Needs one host sync: the output width is the largest selected count
+    (possibly 0).
+
+    Parameters
+    ----------
+    input_data : Tensor or RaggedBatch
+        ``(*batch_shape, max_sample_size, *data_shape)`` (non-uniform dim may
+        be moved for a RaggedBatch).
+    input_mask : Tensor or RaggedBatch
+        Bool ``(*batch_shape, max_sample_size)``.
+
+    Returns
+    -------
+    RaggedBatch
+        Selected entries with the non-uniform dim of ``input_data``; filler 0.
+    """
+    data, effective, batch_shape = _bool_index_operands(
+        input_data, "input_data", input_mask, "input_mask"
+    )
+    out, counts = bi.bool_compaction(data.canonical, effective)
+    return RaggedBatch(
+        from_canonical(out, batch_shape, data.dim),
+        sample_sizes=counts.reshape(batch_shape),
+        non_uniform_dim=data.dim,
+    )
+
+
+def batched_bool_indexing_write(
+    to_write: RaggedBatch | Tensor,
+    output_mask: Tensor | RaggedBatch,
+    to_write_into: Tensor | RaggedBatch,
+) -> Tensor | RaggedBatch:
+    """Inverse of :func:`batched_bool_indexing`: the ``k``-th ``True`` entry of a sample's
+    mask receives ``to_write[i, k]``.
+
+    Only ``k < to_write.sample_sizes[i]`` are written; filler entries of
+    RaggedBatch masks/targets are never written. Runs on any device without
+    host synchronization.
+
+    Parameters
+    ----------
+    to_write : RaggedBatch or Tensor
+        Values, indexed along their non-uniform dim (dim right after the batch
+        dims for a tensor, all entries valid).
+    output_mask : Tensor or RaggedBatch
+        Bool ``(*batch_shape, max_sample_size)``.
+    to_write_into : Tensor or RaggedBatch
+        Target, written along its non-uniform dim (dim 1 for a tensor).
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        Same type, shape and sample sizes as ``to_write_into``.
+    """
+    into, effective, batch_shape = _bool_index_operands(
+        to_write_into, "to_write_into", output_mask, "output_mask"
+    )
+    values = _operand(to_write, "to_write", batch_shape, None, "non_uniform_dim")
+    _check_device("to_write", to_write, "to_write_into", to_write_into)
+    _check_same_dtype("to_write", to_write, "to_write_into", to_write_into)
+    _check_rest("to_write", values, "to_write_into", into)
+    num_values = values.canonical.shape[1]
+    if num_values == 0:
+        return _wrap_like(into, into.canonical.clone(), batch_shape)
+    # Gather formulation (target position -> rank among selected) needs no host sync.
+    rank = torch.cumsum(effective, dim=1) - 1
+    bound = values.bound.unsqueeze(1) if isinstance(values.bound, Tensor) else values.bound
+    selected = effective & (rank < bound)
+    all_slots = torch.full((rank.shape[0],), rank.shape[1], dtype=torch.int64, device=rank.device)
+    gathered = bi.indexing_access(values.canonical, rank.clamp(0, num_values - 1), all_slots, 0)
+    view = selected.reshape(tuple(selected.shape) + (1,) * (gathered.dim() - 2))
+    return _wrap_like(into, torch.where(view, gathered, into.canonical), batch_shape)
+
+
+def get_compact_lists(mask: Tensor, data: Sequence[Tensor | Any]) -> list[RaggedBatch | Any]:
+    """Compact every tensor of ``data`` along dim 1 with ``mask`` (see :func:`batched_bool_indexing`).
+
+    The indices are computed once (one host sync) and all results share their
+    sample sizes.
+
+    Parameters
+    ----------
+    mask : Tensor
+        Bool ``(dim_size_0, dim_size_1)``.
+    data : sequence
+        Tensors ``(dim_size_0, dim_size_1, ...)``; other elements are passed
+        through unchanged.
+
+    Returns
+    -------
+    list
+        RaggedBatch instances in place of the tensors, other elements unchanged.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {_type_name(mask)}")
+    _require_bool(mask, "mask")
+    if mask.dim() != 2:
+        raise ValueError(f"mask must have shape (dim_size_0, dim_size_1), got {tuple(mask.shape)}")
+    for pos, item in enumerate(data):
+        if isinstance(item, Tensor):
+            if tuple(item.shape[:2]) != tuple(mask.shape):
+                raise ValueError(
+                    f"data[{pos}] has shape {tuple(item.shape)}, expected leading dims {tuple(mask.shape)}"
+                )
+            _check_device(f"data[{pos}]", item, "mask", mask)
+    indices, counts = bi.mask_to_indices(mask)
+    layout_source: RaggedBatch | None = None
+    result: list[RaggedBatch | Any] = []
+    for item in data:
+        if not isinstance(item, Tensor):
+            result.append(item)
+            continue
+        out = bi.indexing_access(item, indices, counts, 0)
+        if layout_source is None:
+            layout_source = RaggedBatch(out, sample_sizes=counts)
+            result.append(layout_source)
+        else:
+            result.append(layout_source.create_with_sample_sizes_like_self(out, non_uniform_dim=1))
+    return result
+
+
+def get_compact_from_named_tuple(mask: Tensor, data: NamedTuple) -> NamedTuple:
+    """Like :func:`get_compact_lists`, for a named tuple; returns the same named tuple type."""
+    return type(data)(*get_compact_lists(mask, list(data)))
+
+
+# ---------------------------------------------------------------------- combining
+
+
+def _collect_flat(data: Any, out: list[Tensor], path: str) -> None:
+    if isinstance(data, Tensor):
+        out.append(data)
+    elif isinstance(data, Sequence) and not isinstance(data, str):
+        for pos, item in enumerate(data):
+            _collect_flat(item, out, f"{path}[{pos}]")
+    else:
+        raise TypeError(f"{path} must be a tensor or a sequence, got {_type_name(data)}")
+
+
+def _collect_nested(data: Any, path: str) -> tuple[list[Tensor], tuple[int, ...]]:
+    """Leaves in depth-first order and the (uniform) nesting shape."""
+    if isinstance(data, Tensor):
+        return [data], ()
+    if not isinstance(data, Sequence) or isinstance(data, str):
+        raise TypeError(f"{path} must be a tensor or a sequence, got {_type_name(data)}")
+    parts = [_collect_nested(item, f"{path}[{pos}]") for pos, item in enumerate(data)]
+    shapes = {shape for _, shape in parts}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"{path}: nested sequences must have uniform lengths per level, got shapes {sorted(shapes)}"
+        )
+    sub_shape = shapes.pop() if shapes else ()
+    return [leaf for leaves, _ in parts for leaf in leaves], (len(parts),) + sub_shape
+
+
+def combine_data(
+    data_list: Sequence[Sequence | Tensor],
+    other_with_same_sample_sizes: RaggedBatch | None = None,
+    device: torch.device | str | None = None,
+    flatten_batch_dims: bool = True,
+) -> RaggedBatch:
+    """Pad a (nested) sequence of samples into one RaggedBatch.
+
+    Samples are tensors that agree in dtype and in all dims except dim 0,
+    which becomes the non-uniform dim.
+
+    Parameters
+    ----------
+    data_list : sequence
+        Samples, possibly nested.
+    other_with_same_sample_sizes : RaggedBatch, optional
+        Instance with the same batch shape and sample sizes whose mask and
+        sizes are shared with the result (not checked beyond the shape).
+    device : torch.device or str, optional
+        Device of the result; defaults to the device of the first sample.
+    flatten_batch_dims : bool
+        True: one batch dim, samples in depth-first order. False: every
+        nesting level becomes a batch dim (lengths must be uniform per level).
+
+    Returns
+    -------
+    RaggedBatch
+        ``(*batch_shape, max_size, *sample_shape[1:])`` with the non-uniform
+        dim right after the batch dims. With no samples at all, an empty batch
+        with scalar data (``Empty``) is returned, since the sample shape is
+        unknown.
+    """
+    if isinstance(data_list, Tensor) or not isinstance(data_list, Sequence):
+        raise TypeError(f"data_list must be a sequence of tensors, got {_type_name(data_list)}")
+    if flatten_batch_dims:
+        leaves: list[Tensor] = []
+        _collect_flat(data_list, leaves, "data_list")
+        batch_shape: tuple[int, ...] = (len(leaves),)
+    else:
+        leaves, batch_shape = _collect_nested(data_list, "data_list")
+    if not leaves:
+        return RaggedBatch.Empty(
+            len(batch_shape) + 1, len(batch_shape), device or "cpu", batch_shape=batch_shape
+        )
+    first = leaves[0]
+    device = first.device if device is None else torch.device(device)
+    for pos, leaf in enumerate(leaves):
+        if leaf.dim() < 1 or leaf.shape[1:] != first.shape[1:]:
+            raise ValueError(
+                f"sample {pos} has shape {tuple(leaf.shape)}, expected (*, {', '.join(map(str, first.shape[1:]))})"
+            )
+        if leaf.dtype != first.dtype:
+            raise TypeError(f"sample {pos} has dtype {leaf.dtype}, expected {first.dtype}")
+    leaves = [leaf.to(device) for leaf in leaves]
+    padded = pad_sequence(leaves, batch_first=True)
+    padded = padded.reshape(batch_shape + tuple(padded.shape[1:]))
+    if other_with_same_sample_sizes is not None:
+        return _require_ragged(
+            other_with_same_sample_sizes, "other_with_same_sample_sizes"
+        ).create_with_sample_sizes_like_self(padded, non_uniform_dim=len(batch_shape))
+    sizes = torch.tensor([leaf.shape[0] for leaf in leaves], dtype=torch.int64, device=device)
+    return RaggedBatch(
+        padded, sample_sizes=sizes.reshape(batch_shape), non_uniform_dim=len(batch_shape)
+    )

@@ -1,0 +1,134 @@
+"""The table of torch functions nestbatch runs on a :class:`~nestbatch.NestedBatch`.
+
+An entry maps a torch function to an implementation plus the layouts it can run on and the one
+it prefers. :func:`dispatch` picks the layout with one rule: a layout already materialized in
+every nested argument, if the entry supports one (the preferred first); otherwise the preferred
+layout, converted once and cached on the batch.
+
+To support a new function, register it in one place::
+
+    @register(torch.exp, layouts=(Layout.PACKED, Layout.PADDED), prefer=Layout.PACKED)
+    def _exp(layout, func, args, kwargs):
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from nestbatch.layouts import Layout
+
+Implementation = Callable[[Layout, Callable, tuple, dict], Any]
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """How to run one torch function on nested batches."""
+
+    impl: Implementation
+    layouts: tuple[Layout, ...]
+    prefer: Layout
+
+
+_REGISTRY: dict[Callable, OpEntry] = {}
+
+
+def register(
+    *funcs: Callable, layouts: Iterable[Layout] = (Layout.PACKED,), prefer: Layout | None = None
+) -> Callable[[Implementation], Implementation]:
+    """Decorator: run ``funcs`` on nested batches with the decorated implementation.
+
+    Parameters
+    ----------
+    *funcs : callable
+        Torch functions / Tensor methods (e.g. ``torch.add``, ``torch.Tensor.add``,
+        ``torch.nn.functional.linear``) handled by the implementation.
+    layouts : iterable of Layout
+        Layouts the implementation can run on.
+    prefer : Layout, optional
+        The layout to convert to when none of ``layouts`` is materialized (default: the first).
+
+    The implementation is called as ``impl(layout, func, args, kwargs)``, where ``layout`` is the
+    chosen layout (already materialized, or about to be converted to by the implementation
+    through ``batch.packed()`` / ``batch.padded()`` / ``batch.tolist()``, which cache).
+    """
+    layouts = tuple(layouts)
+    if not layouts:
+        raise ValueError("register needs at least one layout")
+    prefer = layouts[0] if prefer is None else prefer
+    if prefer not in layouts:
+        raise ValueError(f"prefer={prefer} is not among layouts={layouts}")
+
+    def decorate(impl: Implementation) -> Implementation:
+        for func in funcs:
+            _REGISTRY[func] = OpEntry(impl, layouts, prefer)
+        return impl
+
+    return decorate
+
+
+def lookup(func: Callable) -> OpEntry | None:
+    """The entry registered for ``func``, or None."""
+    return _REGISTRY.get(func)
+
+
+def registered_functions() -> tuple[Callable, ...]:
+    """Every torch function with an entry."""
+    return tuple(_REGISTRY)
+
+
+def nested_arguments(args: tuple, kwargs: dict) -> list[Any]:
+    """The :class:`~nestbatch.NestedBatch` objects among ``args`` / ``kwargs`` (one level of
+    lists and tuples is searched, for ops such as ``torch.cat``)."""
+    from nestbatch.batch import NestedBatch
+
+    return [a for a in _walk((*args, *kwargs.values())) if isinstance(a, NestedBatch)]
+
+
+def _walk(items: Iterable[Any]) -> Iterator[Any]:
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from item
+        else:
+            yield item
+
+
+def choose_layout(entry: OpEntry, batches: list[Any]) -> Layout:
+    """The layout to run ``entry`` on: a materialized one it supports, else its preferred one."""
+    order = (entry.prefer, *(layout for layout in entry.layouts if layout is not entry.prefer))
+    for layout in order:
+        if batches and all(layout in batch.materialized_layouts for batch in batches):
+            return layout
+    return entry.prefer
+
+
+def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` on the nested batches in ``args`` / ``kwargs`` (``__torch_function__``).
+
+    Raises
+    ------
+    TypeError
+        For a function with no entry, naming it and the way to a plain tensor.
+    """
+    entry = _REGISTRY.get(func)
+    if entry is None:
+        name = _display_name(func)
+        raise TypeError(
+            f"{name} is not supported on a NestedBatch; get a plain tensor with "
+            ".padded().data (and .mask) or .values (the packed rows), or register an "
+            "implementation with nestbatch.ops.registry.register"
+        )
+    layout = choose_layout(entry, nested_arguments(args, kwargs))
+    return entry.impl(layout, func, args, kwargs)
+
+
+def _display_name(func: Callable) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    if name.startswith("_VariableFunctionsClass."):
+        return "torch." + name.split(".", 1)[1]
+    if name.startswith(("Tensor.", "TensorBase.", "_TensorBase.")):
+        return "Tensor." + name.split(".", 1)[1]
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module else name
