@@ -84,7 +84,8 @@ def _require_index_batch(indices: object, name: str) -> RaggedBatch:
         raise TypeError(f"{name} must have dtype int32 or int64, got {indices.dtype}")
     if indices.dim() != indices.num_batch_dims + 1:
         raise ValueError(
-            f"{name} must have shape (*batch_shape, max_num_indices) with {indices.num_batch_dims} batch dims, "
+            f"{name} must have shape (*batch_shape, max_num_indices) with "
+            f"{indices.num_batch_dims} batch dims, "
             f"got shape {tuple(indices.shape)}"
         )
     return indices
@@ -146,7 +147,8 @@ def _operand(
         raise ValueError(f"{name} must have more than {nbd} dims, got shape {tuple(data.shape)}")
     if tuple(data.shape[:nbd]) != tuple(batch_shape):
         raise ValueError(
-            f"{name} batch shape {tuple(data.shape[:nbd])} does not match expected {tuple(batch_shape)}"
+            f"{name} batch shape {tuple(data.shape[:nbd])} does not match "
+            f"expected {tuple(batch_shape)}"
         )
     if dim is None:
         dim = data.non_uniform_dim if isinstance(data, RaggedBatch) else nbd
@@ -172,8 +174,9 @@ def _wrap_like(
 def _check_rest(name: str, operand: _Operand, ref_name: str, ref: _Operand) -> None:
     if operand.canonical.shape[2:] != ref.canonical.shape[2:]:
         raise ValueError(
-            f"{name} has shape {tuple(operand.original.shape)} (indexed dim {operand.dim}), which does not match "
-            f"{ref_name} shape {tuple(ref.original.shape)} (indexed dim {ref.dim}) outside the batch and indexed dims"
+            f"{name} has shape {tuple(operand.original.shape)} (indexed dim {operand.dim}), "
+            f"which does not match {ref_name} shape {tuple(ref.original.shape)} "
+            f"(indexed dim {ref.dim}) outside the batch and indexed dims"
         )
 
 
@@ -210,7 +213,8 @@ def _resolve_indices(checks: Sequence[_RangeCheck]) -> list[Tensor]:
             sample, slot = (int(v) for v in bad_slots.nonzero()[0])
             bound = check.bound[sample].item() if isinstance(check.bound, Tensor) else check.bound
             raise IndexError(
-                f"{check.name}: index {int(check.indices[sample, slot])} (flattened sample {sample}, slot {slot}) "
+                f"{check.name}: index {int(check.indices[sample, slot])} "
+                f"(flattened sample {sample}, slot {slot}) "
                 f"is out of range for {check.target} of size {bound}"
             )
     return [torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices) for c in checks]
@@ -251,7 +255,8 @@ def apply_mask_to_tensor(data: Tensor, mask: Tensor, value_to_set: float = 0.0) 
     _require_bool(mask, "mask")
     if mask.dim() > data.dim() or tuple(mask.shape) != tuple(data.shape[: mask.dim()]):
         raise ValueError(
-            f"mask shape {tuple(mask.shape)} must equal the leading dims of data shape {tuple(data.shape)}"
+            f"mask shape {tuple(mask.shape)} must equal the leading dims of "
+            f"data shape {tuple(data.shape)}"
         )
     _check_device("mask", mask, "data", data)
     view = mask.reshape(tuple(mask.shape) + (1,) * (data.dim() - mask.dim()))
@@ -646,7 +651,9 @@ def get_indices_from_mask(mask: Tensor | RaggedBatch) -> RaggedBatch:
 def _bool_index_operands(
     data: Tensor | RaggedBatch, data_name: str, mask: Tensor | RaggedBatch, mask_name: str
 ) -> tuple[_Operand, Tensor, torch.Size]:
-    """Normalize a (data, mask) pair; returns ``(data operand, effective mask (B, N), batch shape)``.
+    """Normalize a (data, mask) pair.
+
+    Returns ``(data operand, effective mask (B, N), batch shape)``.
 
     The effective mask is ``False`` on every filler entry of either argument.
     """
@@ -657,14 +664,16 @@ def _bool_index_operands(
     for name, value in ((data_name, data), (mask_name, mask)):
         if not both_ragged and isinstance(value, RaggedBatch) and value.num_batch_dims != 1:
             raise ValueError(
-                f"{name} must have a single batch dim unless both {data_name} and {mask_name} are RaggedBatch "
+                f"{name} must have a single batch dim unless both {data_name} and "
+                f"{mask_name} are RaggedBatch "
                 f"instances, got {value.num_batch_dims}"
             )
     operand = _operand(data, data_name, batch_shape, None, "non_uniform_dim")
     num_entries = operand.canonical.shape[1]
     if mask_tensor.shape[-1] != num_entries:
         raise ValueError(
-            f"{mask_name} has {mask_tensor.shape[-1]} entries per sample but {data_name} has {num_entries} "
+            f"{mask_name} has {mask_tensor.shape[-1]} entries per sample but "
+            f"{data_name} has {num_entries} "
             f"along its non-uniform dim {operand.dim}"
         )
     effective = mask_tensor.reshape(math.prod(batch_shape), num_entries)
@@ -759,7 +768,9 @@ def batched_bool_indexing_write(
 
 
 def get_compact_lists(mask: Tensor, data: Sequence[Tensor | Any]) -> list[RaggedBatch | Any]:
-    """Compact every tensor of ``data`` along dim 1 with ``mask`` (see :func:`batched_bool_indexing`).
+    """Compact every tensor of ``data`` along dim 1 with ``mask``.
+
+    See :func:`batched_bool_indexing`.
 
     The indices are computed once (one host sync) and all results share their
     sample sizes.
@@ -786,7 +797,8 @@ def get_compact_lists(mask: Tensor, data: Sequence[Tensor | Any]) -> list[Ragged
         if isinstance(item, Tensor):
             if tuple(item.shape[:2]) != tuple(mask.shape):
                 raise ValueError(
-                    f"data[{pos}] has shape {tuple(item.shape)}, expected leading dims {tuple(mask.shape)}"
+                    f"data[{pos}] has shape {tuple(item.shape)}, "
+                    f"expected leading dims {tuple(mask.shape)}"
                 )
             _check_device(f"data[{pos}]", item, "mask", mask)
     indices, counts = bi.mask_to_indices(mask)
@@ -833,7 +845,8 @@ def _collect_nested(data: Any, path: str) -> tuple[list[Tensor], tuple[int, ...]
     shapes = {shape for _, shape in parts}
     if len(shapes) > 1:
         raise ValueError(
-            f"{path}: nested sequences must have uniform lengths per level, got shapes {sorted(shapes)}"
+            f"{path}: nested sequences must have uniform lengths per level, "
+            f"got shapes {sorted(shapes)}"
         )
     sub_shape = shapes.pop() if shapes else ()
     return [leaf for leaves, _ in parts for leaf in leaves], (len(parts),) + sub_shape
@@ -888,7 +901,8 @@ def combine_data(
     for pos, leaf in enumerate(leaves):
         if leaf.dim() < 1 or leaf.shape[1:] != first.shape[1:]:
             raise ValueError(
-                f"sample {pos} has shape {tuple(leaf.shape)}, expected (*, {', '.join(map(str, first.shape[1:]))})"
+                f"sample {pos} has shape {tuple(leaf.shape)}, "
+                f"expected (*, {', '.join(map(str, first.shape[1:]))})"
             )
         if leaf.dtype != first.dtype:
             raise TypeError(f"sample {pos} has dtype {leaf.dtype}, expected {first.dtype}")

@@ -122,7 +122,8 @@ def _check_batch_tensors(
             )
         if mask.dim() < 2:
             raise ValueError(
-                f"mask must have at least 2 dims (*batch_shape, max_sample_size), got shape {tuple(mask.shape)}"
+                "mask must have at least 2 dims (*batch_shape, max_sample_size), "
+                f"got shape {tuple(mask.shape)}"
             )
     if sample_sizes is not None:
         if not isinstance(sample_sizes, Tensor) or sample_sizes.dtype not in _INTEGER_DTYPES:
@@ -139,11 +140,13 @@ def _check_batch_tensors(
         and tuple(mask.shape[:-1]) != tuple(sample_sizes.shape)
     ):
         raise ValueError(
-            f"mask batch shape {tuple(mask.shape[:-1])} does not match sample_sizes shape {tuple(sample_sizes.shape)}"
+            f"mask batch shape {tuple(mask.shape[:-1])} does not match "
+            f"sample_sizes shape {tuple(sample_sizes.shape)}"
         )
     if tensor.dim() <= num_batch_dims:
         raise ValueError(
-            f"tensor must have more than num_batch_dims={num_batch_dims} dims, got shape {tuple(tensor.shape)}"
+            f"tensor must have more than num_batch_dims={num_batch_dims} dims, "
+            f"got shape {tuple(tensor.shape)}"
         )
     nud = (
         num_batch_dims
@@ -167,7 +170,8 @@ def _check_batch_tensors(
             raise ValueError(f"{name} is on {other.device} but tensor is on {tensor.device}")
     if mask is not None and mask.shape[-1] != tensor.shape[nud]:
         raise ValueError(
-            f"mask width {mask.shape[-1]} does not match tensor.shape[non_uniform_dim={nud}]={tensor.shape[nud]}"
+            f"mask width {mask.shape[-1]} does not match "
+            f"tensor.shape[non_uniform_dim={nud}]={tensor.shape[nud]}"
         )
     return num_batch_dims, nud
 
@@ -499,11 +503,13 @@ class RaggedBatch:
             raise ValueError(f"non_uniform_dim must not be a batch dim (< {nbd}), got {nud}")
         if tuple(tensor.shape[:nbd]) != tuple(self.batch_shape):
             raise ValueError(
-                f"tensor batch shape {tuple(tensor.shape[:nbd])} does not match {tuple(self.batch_shape)}"
+                f"tensor batch shape {tuple(tensor.shape[:nbd])} does not match "
+                f"{tuple(self.batch_shape)}"
             )
         if tensor.shape[nud] != self.max_sample_size:
             raise ValueError(
-                f"tensor.shape[{nud}]={tensor.shape[nud]} does not match max_sample_size={self.max_sample_size}"
+                f"tensor.shape[{nud}]={tensor.shape[nud]} does not match "
+                f"max_sample_size={self.max_sample_size}"
             )
         layout = self._layout
         if tensor.device != layout.device:
@@ -699,7 +705,8 @@ class RaggedBatch:
         nbd = self._num_batch_dims
         if len(shape) < nbd:
             raise ValueError(
-                f"new_batch_shape {shape} has fewer dims than the batch shape {tuple(self.batch_shape)}"
+                f"new_batch_shape {shape} has fewer dims than the batch shape "
+                f"{tuple(self.batch_shape)}"
             )
         result = self
         for _ in range(len(shape) - nbd):
@@ -755,7 +762,7 @@ class RaggedBatch:
         return self._derived(self._tensor.detach())
 
     def to(self, *args: Any, **kwargs: Any) -> RaggedBatch:
-        """``self.tensor.to(*args, **kwargs)`` with the mask and sizes moved along if the device changes."""
+        """``self.tensor.to(*args, **kwargs)``; mask and sizes follow a device change."""
         tensor = self._tensor.to(*args, **kwargs)
         layout = self._layout
         if tensor.device != layout.device:
@@ -833,14 +840,16 @@ class RaggedBatch:
         nbd, nud = self._num_batch_dims, self._non_uniform_dim
         if tensor.dim() <= nud:
             raise ValueError(
-                f"tensor needs more than non_uniform_dim={nud} dims, got shape {tuple(tensor.shape)}"
+                f"tensor needs more than non_uniform_dim={nud} dims, "
+                f"got shape {tuple(tensor.shape)}"
             )
         if (
             tuple(tensor.shape[:nbd]) != tuple(self.batch_shape)
             or tensor.shape[nud] != self.max_sample_size
         ):
             raise ValueError(
-                f"tensor shape {tuple(tensor.shape)} does not match batch shape {tuple(self.batch_shape)} "
+                f"tensor shape {tuple(tensor.shape)} does not match "
+                f"batch shape {tuple(self.batch_shape)} "
                 f"and size {self.max_sample_size} along dim {nud}"
             )
         if tensor.device != self._layout.device:
@@ -908,7 +917,8 @@ class RaggedBatch:
     def __repr__(self) -> str:
         sizes = self.sample_sizes.tolist() if self.sample_sizes.numel() <= 16 else "..."
         return (
-            f"RaggedBatch(shape={tuple(self._tensor.shape)}, num_batch_dims={self._num_batch_dims}, "
+            f"RaggedBatch(shape={tuple(self._tensor.shape)}, "
+            f"num_batch_dims={self._num_batch_dims}, "
             f"non_uniform_dim={self._non_uniform_dim}, sample_sizes={sizes}, "
             f"dtype={self._tensor.dtype}, device={self._tensor.device}"
             f"{', requires_grad=True' if self._tensor.requires_grad else ''})"
@@ -917,11 +927,12 @@ class RaggedBatch:
     # ------------------------------------------------------------------ NestedBatch interop
 
     def to_nested_batch(self) -> NestedBatch:
-        """Convert to a :class:`nestbatch.NestedBatch` (padded layout).
+        """Convert to a :class:`nestbatch.NestedBatch` (padded layout, zero copy).
 
-        Requires a single batch dim. The padded tensor is shared (zero copy)
-        when the non-uniform dim is already 1; otherwise it is moved there
-        first (``movedim``, which may copy when the result is made contiguous).
+        Requires a single batch dim. The padded tensor is shared when the
+        non-uniform dim is already 1; otherwise a ``movedim`` view is shared.
+        The filler values are unspecified (``padding_value=None``) and the
+        sizes are trusted (no validation, no synchronization).
         """
         from .batch import NestedBatch
 
@@ -929,16 +940,17 @@ class RaggedBatch:
             raise ValueError(
                 f"to_nested_batch needs a single batch dim, got {self._num_batch_dims}"
             )
-        tensor = (
-            self._tensor
-            if self._non_uniform_dim == 1
-            else self._tensor.movedim(self._non_uniform_dim, 1)
-        )
-        return NestedBatch.from_padded(tensor, lengths=self.sample_sizes)
+        tensor = self._tensor.movedim(self._non_uniform_dim, 1)
+        return NestedBatch.from_padded(tensor, lengths=self.sample_sizes.long(), validate=False)
 
     @classmethod
     def from_nested_batch(cls, nb: NestedBatch) -> RaggedBatch:
-        """Create from a :class:`nestbatch.NestedBatch`, sharing its padded data tensor.
+        """Create from a :class:`nestbatch.NestedBatch` with one ragged dim, sharing its
+        padded data tensor.
+
+        The padded layout is taken as cached (any filler); if it is wider than
+        the largest sample, a narrowed view is used, which reads the maximum
+        length on the host (may synchronize once).
 
         Parameters
         ----------
@@ -950,5 +962,11 @@ class RaggedBatch:
         RaggedBatch
             ``(B, max_length, *feature)`` with ``non_uniform_dim == 1``.
         """
-        padded = nb.padded()
-        return cls(padded.data, sample_sizes=padded.lengths, non_uniform_dim=1)
+        if nb.num_ragged_dims != 1:
+            raise ValueError(f"nb must have exactly one ragged dim, got {nb.num_ragged_dims}")
+        padded = nb.padded(None)
+        data = padded.data
+        max_len = nb.max_shape[0] if data.shape[0] > 0 else 0
+        if data.shape[1] != max_len:
+            data = data.narrow(1, 0, max_len)
+        return cls(data, sample_sizes=padded.lengths, non_uniform_dim=1)

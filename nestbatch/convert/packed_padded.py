@@ -70,9 +70,6 @@ def packed_values_to_padded(
     out = values.new_full(
         (partition.batch_size, *padded_shape, *values.shape[1:]), padding_value
     )
-    if values.shape[0] == 0:
-        # Keep the autograd link to ``values`` (no rows to scatter, but a graph to keep).
-        return out + values.sum() * 0 if values.requires_grad else out
     return out.index_put((partition.row_ids, *partition.ragged_index), values)
 
 
