@@ -1,10 +1,29 @@
 """nestbatch: PyTorch batches whose samples differ in size.
 
 One front object, :class:`NestedBatch`, stores a batch as packed rows + offsets, padded data +
-sizes, or a list of tensors, and converts lazily (and cached) between them.
+sizes, or a list of tensors, and converts lazily (and cached) between them. The padded-layout
+:class:`RaggedBatch` API and its batched helper functions are exported here too.
 """
 
 from nestbatch.batch import NestedBatch
+from nestbatch.batching_helpers import (
+    RaggedBatch,
+    apply_mask_to_tensor,
+    average_over_targets,
+    batched_bool_indexing,
+    batched_bool_indexing_write,
+    batched_index_mapping,
+    batched_indexing_access,
+    batched_indexing_write,
+    batched_inverse_indexing_access,
+    combine_data,
+    get_compact_from_named_tuple,
+    get_compact_lists,
+    get_indices_from_mask,
+    get_mask_from_indices,
+    squeeze_except_batch_and_sample,
+    sum_over_targets,
+)
 from nestbatch.factories import as_nested, nested
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 
@@ -15,8 +34,24 @@ __all__ = [
     "NestedBatch",
     "Packed",
     "Padded",
+    "RaggedBatch",
     "RowPartition",
     "TensorList",
+    "apply_mask_to_tensor",
     "as_nested",
+    "average_over_targets",
+    "batched_bool_indexing",
+    "batched_bool_indexing_write",
+    "batched_index_mapping",
+    "batched_indexing_access",
+    "batched_indexing_write",
+    "batched_inverse_indexing_access",
+    "combine_data",
+    "get_compact_from_named_tuple",
+    "get_compact_lists",
+    "get_indices_from_mask",
+    "get_mask_from_indices",
     "nested",
+    "squeeze_except_batch_and_sample",
+    "sum_over_targets",
 ]

@@ -12,8 +12,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
-
 
 def check_tensor(value: object, name: str) -> Tensor:
     """Raise ``TypeError`` unless ``value`` is a tensor."""
@@ -35,8 +33,8 @@ def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.devi
             raise TypeError(f"{name} must be a 1-d integer tensor or a sequence of ints") from error
         if value.numel() == 0:
             value = value.reshape(0)
-    if value.dtype not in _INDEX_DTYPES and value.dtype not in (torch.int16, torch.int8, torch.uint8):
-        raise TypeError(f"{name} must have an integer dtype (int32 or int64), got {value.dtype}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {value.dtype}")
     if value.dim() != 1:
         raise ValueError(f"{name} must be 1-d, got shape {tuple(value.shape)}")
     return value.to(device=device, dtype=torch.int64)

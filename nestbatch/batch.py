@@ -97,8 +97,6 @@ class NestedBatch:
         """
         check_tensor(values, "values")
         host = None if isinstance(lengths, Tensor) else [int(n) for n in lengths]
-        if isinstance(lengths, Tensor) and (lengths.is_floating_point() or lengths.dtype == torch.bool):
-            raise TypeError(f"lengths must be an integer tensor, got {lengths.dtype}")
         lengths = as_index_tensor(lengths, "lengths", values.device)
         if validate:
             check_non_negative(lengths, "lengths")
@@ -231,10 +229,24 @@ class NestedBatch:
             )
         )
 
+    @classmethod
+    def from_ragged_batch(cls, ragged_batch: Any) -> NestedBatch:
+        """Batch sharing the padded data of a single-batch-dim
+        :class:`~nestbatch.RaggedBatch` (no copy; see :meth:`RaggedBatch.to_nested_batch`)."""
+        return ragged_batch.to_nested_batch()
+
+    def to_ragged_batch(self) -> Any:
+        """This batch as a :class:`~nestbatch.RaggedBatch` sharing the padded data (one ragged
+        dim; see :meth:`RaggedBatch.from_nested_batch`)."""
+        from nestbatch.ragged_batch import RaggedBatch
+
+        return RaggedBatch.from_nested_batch(self)
+
     # ============================================================================ layouts
     def _remember(self, layout: RaggedLayout) -> None:
         if isinstance(layout, Padded):
-            key = (Layout.PADDED, _PADDED_ANY if layout.padding_value is None else layout.padding_value)
+            filler = layout.padding_value
+            key = (Layout.PADDED, _PADDED_ANY if filler is None else filler)
         elif isinstance(layout, Packed):
             key = Layout.PACKED
         else:
@@ -275,7 +287,8 @@ class NestedBatch:
             ``max_shape``; ``None`` / -1 entries mean the maximum). Not cached.
         """
         if max_shape is not None:
-            return convert.to_padded(self._best_source(Layout.PACKED), padding_value or 0, max_shape)
+            source = self._best_source(Layout.PACKED)
+            return convert.to_padded(source, padding_value or 0, max_shape)
         if padding_value is None:
             for key, layout in self._cache.items():
                 if isinstance(key, tuple):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from nestbatch import batched_indexing as bi
 
-SETTINGS = settings(max_examples=30, deadline=None)
+SETTINGS = settings(max_examples=50, deadline=None)
 
 
 @st.composite
@@ -34,7 +34,9 @@ def gather_case(draw):
 
 
 def _ref_access(data, indices, sizes, filler):
-    out = torch.full((indices.shape[0], indices.shape[1]) + data.shape[2:], filler, dtype=data.dtype)
+    out = torch.full(
+        (indices.shape[0], indices.shape[1]) + data.shape[2:], filler, dtype=data.dtype
+    )
     for b in range(indices.shape[0]):
         for j in range(int(sizes[b])):
             out[b, j] = data[b, int(indices[b, j])]
@@ -138,7 +140,9 @@ def test_inputs_not_modified_and_bool_data():
     indices = torch.tensor([[2, 0]])
     sizes = torch.tensor([1])
     before = data.clone()
-    assert torch.equal(bi.indexing_access(data, indices, sizes, False), torch.tensor([[True, False]]))
+    assert torch.equal(
+        bi.indexing_access(data, indices, sizes, False), torch.tensor([[True, False]])
+    )
     out = bi.indexing_write(torch.tensor([[False, True]]), indices, sizes, data)
     assert torch.equal(out, torch.tensor([[True, False, False]]))
     assert torch.equal(data, before)

@@ -1,10 +1,10 @@
 """The three layouts of a ragged batch and the metadata they share.
 
-| layout | tensors | good for |
-|---|---|---|
-| :class:`Packed` | ``values (total, *feature)`` + ``offsets (B + 1,)`` | elementwise ops, segment reductions |
-| :class:`Padded` | ``data (B, *padded_shape, *feature)`` + sizes, mask derived | batched matmul, attention |
-| :class:`TensorList` | a list of ``B`` tensors | construction, per-sample Python code |
+* :class:`Packed`: ``values (total, *feature)`` + ``offsets (B + 1,)``; elementwise ops and
+  segment reductions.
+* :class:`Padded`: ``data (B, *padded_shape, *feature)`` + sizes, mask derived; batched matmul,
+  attention.
+* :class:`TensorList`: a list of ``B`` tensors; construction and per-sample Python code.
 """
 
 from nestbatch.layouts.base import Layout, RaggedLayout

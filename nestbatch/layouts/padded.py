@@ -98,7 +98,9 @@ def _partition_from_sizes(
         raise ValueError(
             f"{name} must be {expected_dims}-d, got shape {tuple(sizes.shape)}"
         )
-    sizes = sizes.to(device=data.device, dtype=torch.int64).reshape(sizes.shape[0], -1)
+    sizes = sizes.to(device=data.device, dtype=torch.int64)
+    if sizes.dim() == 1:
+        sizes = sizes[:, None]
     if sizes.shape[0] != data.shape[0]:
         raise ValueError(
             f"{name} has {sizes.shape[0]} samples but data has batch size {data.shape[0]}"

@@ -77,7 +77,11 @@ class RowPartition:
 
     @classmethod
     def from_lengths(
-        cls, lengths: Tensor, *, host_lengths: Sequence[int] | None = None, max_len: int | None = None
+        cls,
+        lengths: Tensor,
+        *,
+        host_lengths: Sequence[int] | None = None,
+        max_len: int | None = None,
     ) -> RowPartition:
         """Partition of a batch with one ragged dim, from its lengths ``(B,)``."""
         host = None if host_lengths is None else tuple((int(n),) for n in host_lengths)
@@ -156,7 +160,8 @@ class RowPartition:
             return self._max_shape
         if self._host_shapes is not None or self.batch_size == 0:
             shapes = self.host_shapes
-            return tuple(max((s[d] for s in shapes), default=0) for d in range(self.num_ragged_dims))
+            dims = range(self.num_ragged_dims)
+            return tuple(max((s[d] for s in shapes), default=0) for d in dims)
         return tuple(self._shapes.amax(0).tolist())
 
     @cached_property

@@ -42,17 +42,19 @@ def register(
 
     Parameters
     ----------
-    *funcs : callable
-        Torch functions / Tensor methods (e.g. ``torch.add``, ``torch.Tensor.add``,
-        ``torch.nn.functional.linear``) handled by the implementation.
+    funcs : callable
+        One or more torch functions or Tensor methods handled by the implementation, for example
+        ``torch.add``, ``torch.Tensor.add`` or ``torch.nn.functional.linear``.
     layouts : iterable of Layout
         Layouts the implementation can run on.
     prefer : Layout, optional
         The layout to convert to when none of ``layouts`` is materialized (default: the first).
 
+    Notes
+    -----
     The implementation is called as ``impl(layout, func, args, kwargs)``, where ``layout`` is the
-    chosen layout (already materialized, or about to be converted to by the implementation
-    through ``batch.packed()`` / ``batch.padded()`` / ``batch.tolist()``, which cache).
+    chosen layout: already materialized, or about to be converted to by the implementation
+    through ``batch.packed()``, ``batch.padded()`` or ``batch.tolist()``, which cache.
     """
     layouts = tuple(layouts)
     if not layouts:
