@@ -8,8 +8,10 @@ scatter, the gradient of padding a gather, and padded slots get zero gradient.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from nestbatch.layouts import Packed, Padded, RowPartition
@@ -49,7 +51,11 @@ def resolve_padded_shape(
 def packed_values_to_padded(
     values: Tensor, partition: RowPartition, padded_shape: Sequence[int], padding_value: float
 ) -> Tensor:
-    """Scatter packed rows into a padded tensor.
+    """Lay packed rows out in a padded tensor.
+
+    Computed as a gather over the padded slots (each slot reads its source row, or is filled),
+    so every output element is written once; a scatter into a pre-filled tensor writes the
+    output twice and is several times slower on the CPU.
 
     Parameters
     ----------
@@ -67,10 +73,43 @@ def packed_values_to_padded(
     Tensor
         ``(B, *padded_shape, *feature)``.
     """
-    out = values.new_full(
-        (partition.batch_size, *padded_shape, *values.shape[1:]), padding_value
-    )
-    return out.index_put((partition.row_ids, *partition.ragged_index), values)
+    padded_shape = tuple(padded_shape)
+    shape = (partition.batch_size, *padded_shape, *values.shape[1:])
+    if values.shape[0] == 0 or math.prod(shape) == 0:
+        # Nothing to read; adding ``values.sum() * 0`` keeps the autograd link to ``values``.
+        out = values.new_full(shape, padding_value)
+        return out + values.sum() * 0 if values.requires_grad else out
+    sources, inside = padded_slot_sources(partition, padded_shape)
+    rows = values.index_select(0, sources.clamp(max=values.shape[0] - 1).reshape(-1))
+    out = rows.view(shape)
+    trailing = (1,) * (values.dim() - 1)
+    return out.masked_fill(~inside.view(*inside.shape, *trailing), padding_value)
+
+
+def padded_slot_sources(
+    partition: RowPartition, padded_shape: Sequence[int]
+) -> tuple[Tensor, Tensor]:
+    """The packed row behind every padded slot, and whether the slot is inside its sample.
+
+    Returns
+    -------
+    sources : Tensor
+        ``(B, *padded_shape)`` int64: ``offsets[b]`` plus the slot's row-major position in
+        sample ``b``'s own shape (meaningless where ``inside`` is False).
+    inside : Tensor
+        ``(B, *padded_shape)`` bool: the mask.
+    """
+    k = partition.num_ragged_dims
+    batch = partition.batch_size
+    shapes = partition.shape_per_sample
+    position = torch.zeros((batch,) + (1,) * k, dtype=torch.int64, device=partition.device)
+    for d, size in enumerate(padded_shape):
+        view = [1] * (k + 1)
+        view[d + 1] = size
+        index = torch.arange(size, device=partition.device).view(view)
+        position = position * shapes[:, d].view((batch,) + (1,) * k) + index
+    sources = partition.offsets[:-1].view((batch,) + (1,) * k) + position
+    return sources, partition.mask(padded_shape)
 
 
 def padded_data_to_packed(data: Tensor, partition: RowPartition) -> Tensor:
