@@ -6,7 +6,7 @@ bash "$root/scripts/setup_env.sh" "test,docs,lint"
 bin="${NESTBATCH_VENV:-$root/.venv}/bin"
 cd "$root"
 echo "== ruff"
-"$bin/ruff" check nestbatch tests benchmarks examples
+"$bin/ruff" check .
 echo "== docs"
 "$bin/python" -m sphinx -W --keep-going -q -b html docs docs/_build/html
 echo "== tests"
