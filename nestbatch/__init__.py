@@ -24,6 +24,7 @@ from nestbatch.batching_helpers import (
     squeeze_except_batch_and_sample,
     sum_over_targets,
 )
+from nestbatch.collation import collate, pack
 from nestbatch.factories import as_nested, nested
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 
@@ -46,12 +47,14 @@ __all__ = [
     "batched_indexing_access",
     "batched_indexing_write",
     "batched_inverse_indexing_access",
+    "collate",
     "combine_data",
     "get_compact_from_named_tuple",
     "get_compact_lists",
     "get_indices_from_mask",
     "get_mask_from_indices",
     "nested",
+    "pack",
     "squeeze_except_batch_and_sample",
     "sum_over_targets",
 ]

@@ -7,6 +7,7 @@ caches the result; results of ops are new batches, and nothing mutates a cached 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -21,11 +22,12 @@ from nestbatch._validation import (
     check_tensor,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
+from nestbatch.ops.tensor_methods import TensorMethods  # light: ops load on first dispatch
 
 _PADDED_ANY = object()  # cache key of a padded layout whose filler is unspecified
 
 
-class NestedBatch:
+class NestedBatch(TensorMethods):
     """A batch of ``B`` samples of shapes ``(*ragged_shape_i, *feature_shape)``.
 
     Build one with :func:`nestbatch.nested`, :func:`nestbatch.as_nested` or the ``from_*``
@@ -427,6 +429,8 @@ class NestedBatch:
         if dim == 0:
             return self.batch_size
         if dim <= self.num_ragged_dims:
+            if dim == 1 and _asked_by_time_major_rnn():
+                return self.batch_size
             raise ValueError(
                 f"dim {dim} is ragged and has no single size; use .lengths or .shape_per_sample"
             )
@@ -582,6 +586,117 @@ class NestedBatch:
 
         return getitem(self, index)
 
+    # ====================================== interop (PackedSequence, torch.nested, TensorFlow)
+    # Thin delegations to nestbatch.convert.{packed_sequence,nested_tensor,tensorflow}, imported
+    # lazily so that importing the batch does not import every format it can convert to.
+    @classmethod
+    def from_packed_sequence(cls, sequence: torch.nn.utils.rnn.PackedSequence) -> NestedBatch:
+        """Batch of the sequences of a ``PackedSequence`` (sorted or not), in sample order.
+
+        The lengths come from its CPU ``batch_sizes``, so no device sync; one gather of the rows.
+        """
+        from nestbatch.convert.packed_sequence import packed_sequence_to_packed
+
+        return cls(packed_sequence_to_packed(sequence))
+
+    def to_packed_sequence(self) -> torch.nn.utils.rnn.PackedSequence:
+        """The batch as a ``PackedSequence`` (unsorted: sample order is kept by its indices).
+
+        Needs one ragged dim and no zero-length sample; reads the lengths on the host once if
+        only the device has them (``batch_sizes`` lives on the CPU).
+        """
+        from nestbatch.convert.packed_sequence import packed_to_packed_sequence
+
+        return packed_to_packed_sequence(self.packed())
+
+    @classmethod
+    def from_nested_tensor(cls, nt: Tensor, num_ragged_dims: int | None = None) -> NestedBatch:
+        """Batch of a ``torch.nested`` tensor; a contiguous jagged one shares its storage.
+
+        ``num_ragged_dims`` applies to a strided nested tensor (default: inferred from the
+        sample shapes); a jagged one has one ragged dim.
+        """
+        from nestbatch.convert.nested_tensor import nested_tensor_to_layout
+
+        return cls(nested_tensor_to_layout(nt, num_ragged_dims))
+
+    def to_nested_tensor(self) -> Tensor:
+        """A jagged ``torch.nested`` tensor sharing the packed values (one ragged dim only)."""
+        from nestbatch.convert.nested_tensor import packed_to_nested_tensor
+
+        return packed_to_nested_tensor(self.packed())
+
+    @classmethod
+    def from_row_starts(
+        cls, values: Tensor, row_starts: Tensor | Sequence[int], *, validate: bool = True
+    ) -> NestedBatch:
+        """Batch from packed ``values`` and the start of every sample ``(B,)`` (TF row_starts)."""
+        from nestbatch.convert.tensorflow import offsets_from_row_starts
+
+        check_tensor(values, "values")
+        offsets = offsets_from_row_starts(row_starts, values.shape[0])
+        return cls.from_offsets(values, offsets, validate=validate)
+
+    @classmethod
+    def from_row_limits(
+        cls, values: Tensor, row_limits: Tensor | Sequence[int], *, validate: bool = True
+    ) -> NestedBatch:
+        """Batch from packed ``values`` and the end of every sample ``(B,)`` (TF row_limits)."""
+        from nestbatch.convert.tensorflow import offsets_from_row_limits
+
+        return cls.from_offsets(values, offsets_from_row_limits(row_limits), validate=validate)
+
+    @classmethod
+    def from_trailing_padding(cls, data: Tensor, padding_value: float) -> NestedBatch:
+        """Batch from ``data (B, N, *feature)`` whose rows end in ``padding_value`` slots.
+
+        Trailing slots whose entries all equal ``padding_value`` are cut (TF ``from_tensor(x,
+        padding=...)``); padding inside a row is kept. Shares ``data``.
+        """
+        from nestbatch.convert.tensorflow import lengths_without_trailing_padding
+
+        lengths = lengths_without_trailing_padding(data, padding_value)
+        return cls.from_padded(data, lengths, validate=False)
+
+    def row_starts(self) -> Tensor:
+        """``(B,)`` int64: where every sample starts in the packed values (``offsets[:-1]``)."""
+        return self.offsets[:-1]
+
+    def row_limits(self) -> Tensor:
+        """``(B,)`` int64: where every sample ends in the packed values (``offsets[1:]``)."""
+        return self.offsets[1:]
+
+    def bounding_shape(self) -> Tensor:
+        """``(1 + k + f,)`` int64 on the CPU: ``[B, *max ragged sizes, *feature_shape]``.
+
+        The tightest shape every sample fits in (TF ``bounding_shape``); may read the sizes
+        from the device once.
+        """
+        return torch.tensor(
+            [self.batch_size, *self.max_shape, *self.feature_shape], dtype=torch.int64
+        )
+
+    def to_padded(
+        self, padding_value: float = 0.0, max_shape: Sequence[int | None] | None = None
+    ) -> Tensor:
+        """The padded tensor ``(B, *max_shape, *feature)`` (TF ``to_tensor(default_value)``).
+
+        Same as ``padded(padding_value, max_shape).data``; cached when ``max_shape`` is None.
+        """
+        return self.padded(padding_value, max_shape).data
+
+    def to_pylist(self) -> list:
+        """The samples as nested Python lists of numbers (TF ``to_list``)."""
+        return [sample.tolist() for sample in self.tolist()]
+
+    def pin_memory(self) -> NestedBatch:
+        """The batch with its data in page-locked memory (``DataLoader(pin_memory=True)``)."""
+        return self._map_primary(Tensor.pin_memory)
+
+    def is_pinned(self) -> bool:
+        """Whether the stored data is in page-locked memory."""
+        return all(t.is_pinned() for t in self._tensors())
+
     # ============================================================================ torch interop
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -619,6 +734,24 @@ def _padded_with_host_lengths(
         )
     partition = RowPartition.from_host_shapes([(n,) for n in host], 1, data.device)
     return Padded(data, partition=partition, padding_value=padding_value)
+
+
+def _asked_by_time_major_rnn() -> bool:
+    """Whether ``size(1)`` was called by ``nn.RNN/LSTM/GRU.forward`` with ``batch_first=False``.
+
+    Those modules read the batch size of a time-major ``(T, B, F)`` input as ``input.size(1)``
+    before any torch function runs. A batch of sequences is the same batch whatever the module's
+    ``batch_first`` is (the RNN itself runs through a PackedSequence, see
+    :mod:`nestbatch.ops.interop`), so for that one caller dim 1 answers with the batch size.
+    Only reached on the error path of :meth:`NestedBatch.size`.
+    """
+    caller = sys._getframe(2)
+    module = caller.f_locals.get("self")
+    return (
+        isinstance(module, torch.nn.RNNBase)
+        and not module.batch_first
+        and caller.f_code.co_filename == torch.nn.modules.rnn.__file__
+    )
 
 
 def _kind(layout: RaggedLayout) -> Layout:

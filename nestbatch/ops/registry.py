@@ -14,6 +14,8 @@ To support a new function, register it in one place::
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,27 @@ class OpEntry:
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
+_LOADED = {"done": False}
+
+
+def ensure_loaded() -> None:
+    """Import every module of :mod:`nestbatch.ops` once, so their entries are registered.
+
+    Deferred to the first lookup: ``nestbatch.batch`` imports the ops package (for its Tensor
+    methods) while it is itself being imported, and implementation modules may import it back.
+    A new module in the package needs no edit anywhere.
+    """
+    if _LOADED["done"]:
+        return
+    _LOADED["done"] = True
+    package = importlib.import_module("nestbatch.ops")
+    try:
+        for module in pkgutil.iter_modules(package.__path__):
+            if module.name != "registry":
+                importlib.import_module(f"nestbatch.ops.{module.name}")
+    except BaseException:
+        _LOADED["done"] = False
+        raise
 
 
 def register(
@@ -73,11 +96,13 @@ def register(
 
 def lookup(func: Callable) -> OpEntry | None:
     """The entry registered for ``func``, or None."""
+    ensure_loaded()
     return _REGISTRY.get(func)
 
 
 def registered_functions() -> tuple[Callable, ...]:
     """Every torch function with an entry."""
+    ensure_loaded()
     return tuple(_REGISTRY)
 
 
@@ -114,6 +139,7 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
     TypeError
         For a function with no entry, naming it and the way to a plain tensor.
     """
+    ensure_loaded()
     entry = _REGISTRY.get(func)
     if entry is None:
         name = _display_name(func)

@@ -1,0 +1,176 @@
+"""Helpers shared by the op implementations: dims, row structure, registration of name families.
+
+A batch has dim 0 = the batch, dims ``1..k`` ragged (``k = num_ragged_dims``), then the feature
+dims. Packed values have shape ``(total, *feature)``, so feature dim ``d`` of the batch is dim
+``d - k`` of the values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nestbatch.layouts import Layout, Padded, RowPartition
+
+if TYPE_CHECKING:
+    from nestbatch.batch import NestedBatch
+
+PACKED_OR_PADDED = (Layout.PACKED, Layout.PADDED)
+
+
+def is_batch(x: Any) -> bool:
+    """Whether ``x`` is a :class:`~nestbatch.NestedBatch`."""
+    from nestbatch.batch import NestedBatch
+
+    return isinstance(x, NestedBatch)
+
+
+def first_batch(args: Iterable[Any]) -> NestedBatch:
+    """The first :class:`~nestbatch.NestedBatch` among ``args`` (one level of lists searched)."""
+    for a in args:
+        if is_batch(a):
+            return a
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if is_batch(b):
+                    return b
+    raise TypeError("expected a NestedBatch among the arguments")
+
+
+def torch_funcs(*names: str, functional: bool = False) -> tuple[Callable, ...]:
+    """``torch.<name>`` and ``torch.Tensor.<name>`` (and ``F.<name>``) for every name that exists.
+
+    Lets a module register one implementation for the function, the method and the in-place
+    method spellings of an op in one line.
+    """
+    found: list[Callable] = []
+    for name in names:
+        sources: list[Any] = [torch, torch.Tensor]
+        if functional:
+            sources.append(F)
+        for source in sources:
+            func = getattr(source, name, None)
+            if func is not None and func not in found:
+                found.append(func)
+    return tuple(found)
+
+
+def normalize_dim(batch: NestedBatch, dim: int, name: str = "dim") -> int:
+    """``dim`` in ``[0, batch.dim())`` (negative dims count from the end).
+
+    Raises
+    ------
+    IndexError
+        If ``dim`` is out of range.
+    """
+    ndim = batch.dim()
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{name}={dim} out of range for a batch with {ndim} dims")
+    return dim % ndim
+
+
+def dim_kind(batch: NestedBatch, dim: int) -> str:
+    """``"batch"``, ``"ragged"`` or ``"feature"`` for a normalized ``dim``."""
+    if dim == 0:
+        return "batch"
+    return "ragged" if dim <= batch.num_ragged_dims else "feature"
+
+
+def values_dim(batch: NestedBatch, dim: int) -> int:
+    """The dim of the packed values that is feature ``dim`` (normalized) of the batch."""
+    return dim - batch.num_ragged_dims
+
+
+def check_same_structure(a: NestedBatch, b: NestedBatch, what: str = "batches") -> None:
+    """Raise unless ``a`` and ``b`` have the same per-sample ragged shapes.
+
+    The same partition object is the fast path; host shapes are compared when both are known;
+    otherwise the device shapes are compared with ``torch.equal`` (a device sync).
+
+    Raises
+    ------
+    ValueError
+        Naming both structures when they differ.
+    """
+    pa, pb = a.partition, b.partition
+    if pa is pb:
+        return
+    same = pa.batch_size == pb.batch_size and pa.num_ragged_dims == pb.num_ragged_dims
+    if same and pa.knows_host_shapes and pb.knows_host_shapes:
+        same = pa.host_shapes == pb.host_shapes
+    elif same:
+        same = torch.equal(pa.shape_per_sample, pb.shape_per_sample.to(pa.device))
+    if not same:
+        raise ValueError(
+            f"{what} must have the same row structure: got per-sample ragged shapes "
+            f"{_describe_shapes(pa)} and {_describe_shapes(pb)}"
+        )
+
+
+def _describe_shapes(partition: RowPartition) -> str:
+    shapes = partition.shape_per_sample
+    if partition.num_ragged_dims == 1:
+        return f"lengths={shapes[:, 0].tolist()}"
+    return f"shape_per_sample={shapes.tolist()}"
+
+
+def wrap_padded(data: Tensor, partition: RowPartition) -> NestedBatch:
+    """A batch over padded ``data`` whose padding holds no particular value."""
+    from nestbatch.batch import NestedBatch
+
+    return NestedBatch(Padded(data, partition=partition, padding_value=None))
+
+
+def fill_value_for(dtype: torch.dtype, kind: str) -> float | int | bool:
+    """The identity / empty-sample value of a reduction ``kind`` for ``dtype``.
+
+    ``"lowest"`` and ``"highest"`` are the dtype's finite extremes (TF's results for ``max`` /
+    ``min`` of an empty row).
+    """
+    if dtype == torch.bool:
+        return kind == "highest"
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min if kind == "lowest" else info.max
+
+
+def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
+    """Write ``result``'s elements into ``batch``'s stored tensors, in place; return ``batch``.
+
+    The in-place contract (see :mod:`nestbatch.ops.tensor_methods`): the layout the batch was
+    built in is updated in place (so views of its samples see the change, as with torch), the
+    padding of a padded layout is left untouched, and every other cached layout is dropped,
+    since it now holds stale values.
+
+    Raises
+    ------
+    RuntimeError
+        If ``result``'s dtype cannot be cast to ``batch``'s (as torch's in-place ops).
+    """
+    if not torch.can_cast(result.dtype, batch.dtype):
+        raise RuntimeError(
+            f"result type {result.dtype} can't be cast to the desired output type {batch.dtype}"
+        )
+    if result.feature_shape != batch.feature_shape:
+        raise RuntimeError(
+            f"in-place result has feature shape {tuple(result.feature_shape)}, which does not "
+            f"match the batch's {tuple(batch.feature_shape)}"
+        )
+    primary = batch._primary
+    values = result.values.to(batch.dtype)
+    if isinstance(primary, Padded):
+        primary.data.index_put_((primary.mask,), values)
+    elif hasattr(primary, "values"):
+        primary.values.copy_(values)
+    else:
+        for tensor, new in zip(primary.tensors, result.tolist()):
+            tensor.copy_(new)
+    # Other layouts were computed from the old values; only the primary one stays valid.
+    batch._cache.clear()
+    batch._remember(primary)
+    return batch

@@ -1,0 +1,148 @@
+"""Elementwise ops: unary math, binary arithmetic and comparisons, ``where``, ``masked_fill``.
+
+Layouts: packed (preferred) and padded. An op runs on the packed values ``(total, *feature)``,
+so no compute is spent on padding; operands broadcast as in
+:mod:`nestbatch.ops.broadcasting`. When a batch is stored padded only and the op has no tensor
+operand (``x.exp()``, ``x * 2``), it runs on the padded data instead and the result stays padded
+(its padding then holds no particular value: ``exp(0) = 1``).
+
+In-place forms (``add_``, ``x += y``, ``clamp_``, ...) compute the result out of place and write
+it into the batch's stored layout (see :func:`nestbatch.ops.common.replace_storage`).
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nestbatch.layouts import Layout
+from nestbatch.ops.broadcasting import broadcast_error, feature_ndim, packed_operand
+from nestbatch.ops.common import (
+    PACKED_OR_PADDED,
+    first_batch,
+    is_batch,
+    replace_storage,
+    torch_funcs,
+    wrap_padded,
+)
+from nestbatch.ops.registry import nested_arguments, register
+
+UNARY = (
+    "abs", "absolute", "neg", "negative", "positive", "sgn", "sign", "signbit", "logical_not",
+    "bitwise_not", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+    "square", "reciprocal", "sigmoid", "tanh", "sin", "cos", "tan", "asin", "acos", "atan",
+    "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "floor", "ceil",
+    "round", "trunc", "frac", "relu", "isnan", "isinf", "isfinite", "isneginf", "isposinf",
+    "nan_to_num", "logit", "lgamma", "digamma", "deg2rad", "rad2deg", "sinc", "conj", "real",
+    "imag", "angle", "clamp", "clip", "clamp_min", "clamp_max", "float", "double", "half",
+    "bfloat16", "long", "int", "short", "char", "byte", "bool",
+)
+BINARY = (
+    "add", "sub", "subtract", "rsub", "mul", "multiply", "div", "divide", "true_divide",
+    "floor_divide", "remainder", "fmod", "pow", "float_power", "atan2", "arctan2", "hypot",
+    "maximum", "minimum", "fmax", "fmin", "copysign", "xlogy", "heaviside", "eq", "ne", "lt",
+    "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal", "not_equal", "isclose",
+    "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
+    "lerp", "addcmul", "addcdiv", "where", "masked_fill",
+)
+DUNDERS = (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+    "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
+    "__rpow__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__",
+    "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__neg__", "__abs__", "__invert__",
+)
+INPLACE_DUNDERS = {
+    "__iadd__": "add", "__isub__": "sub", "__imul__": "mul", "__itruediv__": "div",
+    "__ifloordiv__": "floor_divide", "__imod__": "remainder", "__ipow__": "pow",
+    "__iand__": "bitwise_and", "__ior__": "bitwise_or", "__ixor__": "bitwise_xor",
+}
+
+
+def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` on the packed values of every batch operand (padded data if scalars only)."""
+    batches = nested_arguments(args, kwargs)
+    ref = batches[0]
+    others = [a for a in (*args, *kwargs.values()) if a is not ref]
+    if args and isinstance(args[0], Number):
+        # torch.sub(3, x) reaches us with a Python number first; torch's ops want a tensor there.
+        args = (torch.as_tensor(args[0]), *args[1:])
+    dense = [o for o in others if is_batch(o) or (isinstance(o, Tensor) and o.dim() > 0)]
+    if layout is Layout.PADDED and not dense:
+        padded = ref.padded(None)
+        new_args = tuple(padded.data if a is ref else a for a in args)
+        new_kwargs = {key: padded.data if v is ref else v for key, v in kwargs.items()}
+        return wrap_padded(func(*new_args, **new_kwargs), padded.partition)
+    nf = feature_ndim(batches)
+    new_args = [packed_operand(a, ref, nf) for a in args]
+    new_kwargs = {key: packed_operand(v, ref, nf) for key, v in kwargs.items()}
+    try:
+        out = func(*new_args, **new_kwargs)
+    except RuntimeError as exc:
+        if "must match the size" in str(exc) or "broadcast" in str(exc):
+            raise broadcast_error(exc, ref, others) from exc
+        raise
+    return ref.with_values(out)
+
+
+def _out_of_place(func: Any, args: tuple, kwargs: dict) -> Any:
+    name = func.__name__
+    base = INPLACE_DUNDERS.get(name, name[:-1])
+    target = args[0] if args else None
+    if not is_batch(target):
+        raise TypeError(
+            f"Tensor.{name} cannot write a ragged result into a dense tensor; use the "
+            "out-of-place op"
+        )
+    return getattr(torch.Tensor, base), target
+
+
+@register(*torch_funcs(*UNARY, *BINARY), *(getattr(torch.Tensor, d) for d in DUNDERS),
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    if func is torch.where and len(args) + len(kwargs) == 1:
+        raise ValueError(
+            "torch.where(condition) with one argument returns indices, which are ragged; use "
+            "condition.values.nonzero() on the packed rows"
+        )
+    return elementwise(layout, func, args, kwargs)
+
+
+_INPLACE = tuple(
+    getattr(torch.Tensor, name + "_")
+    for name in (*UNARY, *BINARY)
+    if hasattr(torch.Tensor, name + "_")
+) + tuple(getattr(torch.Tensor, name) for name in INPLACE_DUNDERS if hasattr(torch.Tensor, name))
+
+
+@register(*_INPLACE, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    base, target = _out_of_place(func, args, kwargs)
+    result = elementwise(Layout.PACKED, base, args, kwargs)
+    return replace_storage(target, result)
+
+
+@register(*torch_funcs("empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+                       "randn_like", "randint_like"),
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _like(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A new batch of the same structure, the ``*_like`` of the packed values (or padded data)."""
+    batch = first_batch(args)
+    if layout is Layout.PADDED:
+        padded = batch.padded(None)
+        return wrap_padded(func(padded.data, *args[1:], **kwargs), padded.partition)
+    return batch.with_values(func(batch.values, *args[1:], **kwargs))
+
+
+@register(torch.clone, torch.detach, torch.Tensor.contiguous, torch.Tensor.clone,
+          torch.Tensor.detach, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED))
+def _copy(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``clone`` / ``detach`` / ``contiguous`` of the stored layout (structure kept)."""
+    batch = args[0]
+    if func in (torch.detach, torch.Tensor.detach):
+        return batch.detach()
+    if func is torch.Tensor.contiguous:
+        return batch.contiguous()
+    return batch._map_primary(lambda t: torch.clone(t, **kwargs))

@@ -1,0 +1,161 @@
+"""``F.embedding_bag`` and the recurrent kernels on a :class:`~nestbatch.NestedBatch`.
+
+EmbeddingBag
+    ``nn.EmbeddingBag(...)(batch)`` and ``F.embedding_bag(batch, weight, ...)`` take a batch of
+    indices ``(B, (L_i))``: its packed values are the indices and its offsets the bags, exactly
+    the manual ``torch.cat`` + offsets call. ``per_sample_weights`` may be a batch of the same
+    structure.
+
+RNN / LSTM / GRU
+    ``nn.RNN.forward`` (and LSTM's, GRU's) calls ``torch.rnn_tanh`` / ``rnn_relu`` / ``lstm`` /
+    ``gru`` with the input it was given; those are torch functions, so a batch reaches
+    ``NestedBatch.__torch_function__`` there, and the implementation below runs the kernel on a
+    ``PackedSequence`` built from the batch. ``rnn(batch, h0)`` therefore returns
+    ``(NestedBatch of outputs, h_n)`` (``(NestedBatch, (h_n, c_n))`` for an LSTM) without any
+    patching of torch. Zero-length samples, which a ``PackedSequence`` cannot hold, are left out
+    of the kernel: their output is empty and their final state is their initial one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence
+
+from nestbatch.batch import NestedBatch
+from nestbatch.convert.packed_sequence import (
+    packed_sequence_to_packed,
+    packed_to_packed_sequence,
+)
+from nestbatch.layouts import Layout
+from nestbatch.ops.registry import register
+
+_EMBEDDING_BAG = inspect.signature(F.embedding_bag)
+
+
+# ============================================================================ embedding_bag
+@register(F.embedding_bag, layouts=(Layout.PACKED,))
+def _embedding_bag(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor:
+    """One bag per sample: ``(B, embedding_dim)``, empty samples give zeros (as torch)."""
+    call = _EMBEDDING_BAG.bind(*args, **kwargs).arguments
+    batch = call.pop("input")
+    if not isinstance(batch, NestedBatch):
+        raise TypeError(
+            f"F.embedding_bag takes a NestedBatch as input, not as another argument; got input "
+            f"of type {type(batch).__name__}"
+        )
+    if call.get("offsets") is not None:
+        raise ValueError("offsets must be None when input is a NestedBatch (its offsets are used)")
+    if batch.feature_shape != torch.Size():
+        raise ValueError(
+            "input must be a batch of index sequences (no feature dims), got feature shape "
+            f"{tuple(batch.feature_shape)}"
+        )
+    if call.get("include_last_offset"):
+        raise ValueError("include_last_offset must be False when input is a NestedBatch")
+    call["per_sample_weights"] = _per_sample_weights(call.get("per_sample_weights"), batch)
+    # The batch's offsets include the total: pass them whole instead of slicing off the last.
+    call["offsets"] = batch.offsets
+    call["include_last_offset"] = True
+    return F.embedding_bag(batch.values, **call)
+
+
+def _per_sample_weights(weights: Any, batch: NestedBatch) -> Tensor | None:
+    if not isinstance(weights, NestedBatch):
+        return weights
+    if weights.batch_size != batch.batch_size or weights.feature_shape != torch.Size():
+        raise ValueError(
+            "per_sample_weights must have the structure of input: "
+            f"{batch.batch_size} samples without feature dims, got {weights.batch_size} samples "
+            f"with feature shape {tuple(weights.feature_shape)}"
+        )
+    values = weights.values
+    if values.shape[0] != batch.values.shape[0]:
+        raise ValueError(
+            f"per_sample_weights has {values.shape[0]} entries, input has "
+            f"{batch.values.shape[0]} indices"
+        )
+    return values
+
+
+# ============================================================================ RNN / LSTM / GRU
+@register(torch.rnn_tanh, torch.rnn_relu, torch.gru, torch.lstm, layouts=(Layout.PACKED,))
+def _recurrent(layout: Layout, func: Any, args: tuple, kwargs: dict) -> tuple:
+    """The kernel on a PackedSequence of the non-empty samples; outputs spliced back.
+
+    Called by the RNN modules as ``func(input, hx, params, has_biases, num_layers, dropout,
+    train, bidirectional, batch_first)`` with ``hx (layers * directions, B, H)`` in sample
+    order (a tuple ``(h, c)`` for the LSTM). Returns ``(NestedBatch, h_n)`` or
+    ``(NestedBatch, h_n, c_n)``, which the module's ``forward`` hands back as usual.
+
+    Needs the lengths on the host (``batch_sizes`` of a PackedSequence live on the CPU): read
+    once if the batch only has them on the device.
+    """
+    if kwargs or len(args) != 9 or not isinstance(args[0], NestedBatch):
+        raise TypeError(
+            f"{func.__name__} on a NestedBatch takes (input, hx, params, has_biases, num_layers, "
+            "dropout, train, bidirectional, batch_first) with a NestedBatch input, as the nn.RNN "
+            "modules call it"
+        )
+    batch, hx, *settings, _batch_first = args
+    if batch.num_ragged_dims != 1:
+        raise ValueError(
+            "an RNN needs sequences (L_i, features): one ragged dim, got "
+            f"{batch.num_ragged_dims}"
+        )
+    states = tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
+    lengths = batch.partition.host_lengths
+    kept = [i for i, n in enumerate(lengths) if n > 0]
+    if not kept:
+        return (_empty_output(batch, states[0], settings[-1]), *states)
+    values = batch.packed().values
+    sequence = packed_to_packed_sequence(
+        NestedBatch.from_lengths(values, [lengths[i] for i in kept], validate=False).packed()
+    )
+    kept_index = None if len(kept) == len(lengths) else torch.tensor(kept, device=values.device)
+    initial = tuple(_select(h, kept_index, sequence.sorted_indices) for h in states)
+    result = func(
+        sequence.data,
+        sequence.batch_sizes,
+        initial if len(initial) > 1 else initial[0],
+        *settings,
+    )
+    output = _unpack_output(result[0], sequence, lengths)
+    finals = tuple(
+        _splice(h, state, kept_index, sequence.unsorted_indices)
+        for h, state in zip(result[1:], states)
+    )
+    return (output, *finals)
+
+
+def _select(state: Tensor, kept: Tensor | None, sorted_indices: Tensor) -> Tensor:
+    # Initial states of the kept samples, in the PackedSequence's longest-first order.
+    if kept is not None:
+        state = state.index_select(1, kept)
+    return state.index_select(1, sorted_indices)
+
+
+def _splice(final: Tensor, initial: Tensor, kept: Tensor | None, unsorted: Tensor) -> Tensor:
+    # Back to sample order; empty samples keep their initial state.
+    final = final.index_select(1, unsorted)
+    if kept is None:
+        return final
+    return initial.index_copy(1, kept, final)
+
+
+def _unpack_output(data: Tensor, sequence: PackedSequence, lengths: tuple[int, ...]) -> NestedBatch:
+    out = PackedSequence(
+        data, sequence.batch_sizes, sequence.sorted_indices, sequence.unsorted_indices
+    )
+    # Empty samples add no rows: the kept samples' rows in order are the whole batch's rows.
+    return NestedBatch.from_lengths(packed_sequence_to_packed(out).values, lengths, validate=False)
+
+
+def _empty_output(batch: NestedBatch, h0: Tensor, bidirectional: bool) -> NestedBatch:
+    width = h0.shape[-1] * (2 if bidirectional else 1)
+    values = h0.new_empty((0, width))
+    return NestedBatch.from_lengths(values, list(batch.partition.host_lengths), validate=False)

@@ -1,0 +1,314 @@
+"""Reductions (sum, mean, max, ..., var/std, any/all) and softmax over ragged or feature dims.
+
+* Over the ragged dim(s): a dense ``(B, *feature)`` tensor (``keepdim`` keeps size-1 ragged
+  dims). With ``k > 1`` ragged dims, all of them reduce at once (``dim=(1, ..., k)``); reducing
+  one ragged dim of several raises a ``ValueError``. On the packed layout these are segment
+  reductions (:mod:`nestbatch.ops.segment`); on the padded layout, masked reductions.
+* Over feature dims only: a batch of the same row structure (runs on the packed values).
+* Over ragged and feature dims together (``sum``, ``mean``, ``prod``, ``amax``, ``amin``,
+  ``logsumexp``, ``count_nonzero``, ``any``, ``all``): the ragged dims first, then the features.
+* ``dim=None``: every element of the batch, a 0-d tensor (as torch).
+
+Empty samples follow TensorFlow: ``sum`` 0, ``prod`` 1, ``count_nonzero`` 0, ``mean`` / ``var``
+/ ``std`` nan, ``amax`` / ``max`` the dtype's lowest finite value and ``amin`` / ``min`` its
+highest, ``logsumexp`` -inf, ``any`` False, ``all`` True, ``argmax`` / ``argmin`` (and the
+indices of ``max`` / ``min``) -1 (our choice: there is no element to point at).
+
+``softmax`` / ``log_softmax`` over a ragged dim exclude the padding: segment softmax on packed
+rows (``k == 1``), masked softmax on padded data (any ragged dim).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nestbatch.layouts import Layout
+from nestbatch.ops.common import (
+    PACKED_OR_PADDED,
+    dim_kind,
+    fill_value_for,
+    normalize_dim,
+    torch_funcs,
+    wrap_padded,
+)
+from nestbatch.ops.registry import register
+from nestbatch.ops.segment import segment_reduce
+
+if TYPE_CHECKING:
+    from nestbatch.batch import NestedBatch
+
+_COMPOSABLE = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "count_nonzero", "any", "all"}
+_SECOND_STAGE = {"count_nonzero": "sum"}  # how a feature stage continues a ragged stage
+
+
+def _arg(args: tuple, kwargs: dict, pos: int, name: str, default: Any = None) -> Any:
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name, default)
+
+
+def _dims(batch: NestedBatch, dim: Any) -> tuple[int, ...] | None:
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    return tuple(sorted({normalize_dim(batch, d) for d in dims}))
+
+
+def _split_dims(
+    batch: NestedBatch, dims: tuple[int, ...], name: str
+) -> tuple[bool, tuple[int, ...]]:
+    """Whether the ragged dims reduce, and the feature dims (as dims of the packed values)."""
+    k = batch.num_ragged_dims
+    if 0 in dims:
+        raise ValueError(
+            f"{name} over dim 0 (the batch) is not supported on a NestedBatch: samples differ in "
+            "size; reduce .values (all packed rows) or each sample instead"
+        )
+    ragged = [d for d in dims if dim_kind(batch, d) == "ragged"]
+    if ragged and len(ragged) != k:
+        raise ValueError(
+            f"{name} over ragged dim(s) {ragged} of a batch with {k} ragged dims: reduce all "
+            f"ragged dims at once (dim={tuple(range(1, k + 1))}) or pad first (.padded())"
+        )
+    return bool(ragged), tuple(d - k for d in dims if d > k)
+
+
+# =========================================================================== ragged-dim kernels
+def _expand_to(mask: Tensor, data: Tensor) -> Tensor:
+    return mask.view(*mask.shape, *([1] * (data.dim() - mask.dim())))
+
+
+def _lengths_like(batch: NestedBatch, out: Tensor) -> Tensor:
+    return batch.lengths.view(-1, *([1] * (out.dim() - 1)))
+
+
+def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: float) -> Any:
+    if name in ("sum", "mean", "prod", "amax", "amin"):
+        return segment_reduce(values, batch, name)
+    if name == "count_nonzero":
+        return segment_reduce((values != 0).to(torch.int64), batch, "sum")
+    if name == "any":
+        return segment_reduce((values != 0).to(torch.int64), batch, "sum") > 0
+    if name == "all":
+        return segment_reduce((values == 0).to(torch.int64), batch, "sum") == 0
+    if name == "logsumexp":
+        shift = _safe_shift(segment_reduce(values.detach(), batch, "amax"), batch)
+        total = segment_reduce((values - shift[batch.row_ids]).exp(), batch, "sum")
+        return total.log() + shift
+    if name in ("var", "std"):
+        mean = segment_reduce(values, batch, "mean")
+        dev = values - mean[batch.row_ids]
+        squares = segment_reduce((dev * dev.conj()).real, batch, "sum")
+        return _finish_var(squares, batch, correction, name)
+    if name in ("argmax", "argmin"):
+        return _segment_arg(batch, values, name)
+    raise ValueError(f"unknown reduction {name}")
+
+
+def _safe_shift(peak: Tensor, batch: NestedBatch) -> Tensor:
+    # Shift by the sample's maximum for a stable exp; 0 where it is not finite or empty.
+    bad = ~torch.isfinite(peak) | (_lengths_like(batch, peak) == 0)
+    return torch.where(bad, torch.zeros_like(peak), peak)
+
+
+def _finish_var(squares: Tensor, batch: NestedBatch, correction: float, name: str) -> Tensor:
+    dof = (_lengths_like(batch, squares) - correction).clamp_min(0).to(squares.dtype)
+    var = squares / dof
+    return var.sqrt() if name == "std" else var
+
+
+def _segment_arg(batch: NestedBatch, values: Tensor, name: str) -> Tensor:
+    best = segment_reduce(values, batch, "amax" if name == "argmax" else "amin")
+    hit = values == best[batch.row_ids]
+    positions = batch.partition.positions.view(-1, *([1] * (values.dim() - 1)))
+    big = torch.iinfo(torch.int64).max
+    candidates = torch.where(hit, positions, torch.full_like(positions, big))
+    first = segment_reduce(candidates, batch, "amin")  # the first hit, as torch.argmax
+    return torch.where(first == big, torch.full_like(first, -1), first)
+
+
+def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float) -> Any:
+    padded = batch.padded(None)
+    data = padded.data if dtype is None else padded.data.to(dtype)
+    k = batch.num_ragged_dims
+    dims = tuple(range(1, 1 + k))
+    mask = _expand_to(padded.mask, data)
+    if name in ("argmax", "argmin"):
+        kind = "lowest" if name == "argmax" else "highest"
+        filled = data.masked_fill(~mask, fill_value_for(data.dtype, kind))
+        flat = filled.flatten(1, k)
+        index = flat.argmax(1) if name == "argmax" else flat.argmin(1)
+        empty = _lengths_like(batch, index) == 0
+        return torch.where(empty, torch.full_like(index, -1), index)
+    if name in ("sum", "mean", "count_nonzero", "any", "all"):
+        present = data != 0
+        if name == "count_nonzero":
+            return (present & mask).sum(dims)
+        if name == "any":
+            return (present & mask).flatten(1, k).any(1)
+        if name == "all":
+            return (present | ~mask).flatten(1, k).all(1)
+        total = data.masked_fill(~mask, 0).sum(dims)
+        return total / _lengths_like(batch, total) if name == "mean" else total
+    if name == "prod":
+        return data.masked_fill(~mask, 1).flatten(1, k).prod(1)
+    if name in ("amax", "amin"):
+        fill = fill_value_for(data.dtype, "lowest" if name == "amax" else "highest")
+        filled = data.masked_fill(~mask, fill)
+        return filled.amax(dims) if name == "amax" else filled.amin(dims)
+    if name == "logsumexp":
+        return data.masked_fill(~mask, float("-inf")).logsumexp(dims)
+    if name in ("var", "std"):
+        count = _lengths_like(batch, data.sum(dims)).to(data.dtype)
+        mean = data.masked_fill(~mask, 0).sum(dims) / count
+        dev = (data - mean.view(mean.shape[0], *([1] * k), *mean.shape[1:])).masked_fill(~mask, 0)
+        return _finish_var((dev * dev.conj()).real.sum(dims), batch, correction, name)
+    raise ValueError(f"unknown reduction {name}")
+
+
+# =========================================================================== the entry points
+def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] | None,
+           keepdim: bool, dtype: Any = None, correction: float = 1) -> Any:
+    """Reduce ``batch`` over ``dims`` with the reduction ``name`` (see the module docstring)."""
+    func = getattr(torch, name)
+    extra = {"correction": correction} if name in ("var", "std") else {}
+    if dtype is not None:
+        extra["dtype"] = dtype
+    if dims is None:
+        if name in ("argmax", "argmin"):
+            raise ValueError(f"{name} over every dim of a NestedBatch has no index; give dim")
+        return func(batch.values, **extra) if name != "logsumexp" else \
+            func(batch.values.flatten(), 0)
+    ragged, features = _split_dims(batch, dims, name)
+    if not ragged:
+        return batch.with_values(_feature_reduce(func, batch.values, features, keepdim, extra))
+    if features and name not in _COMPOSABLE:
+        raise ValueError(
+            f"{name} over ragged and feature dims at once is not supported; reduce the ragged "
+            "dim(s) first, then the dense result"
+        )
+    if layout is Layout.PADDED and all(batch.max_shape):
+        out = _ragged_padded(batch, name, dtype, correction)
+    else:
+        values = batch.values if dtype is None else batch.values.to(dtype)
+        out = _ragged_packed(batch, name, values, correction)
+    if features:
+        second = getattr(torch, _SECOND_STAGE.get(name, name))
+        out = _feature_reduce(second, out, features, keepdim, {})
+    if keepdim:
+        out = out.view(out.shape[0], *([1] * batch.num_ragged_dims), *out.shape[1:])
+    return out
+
+
+def _feature_reduce(func: Any, values: Tensor, dims: tuple[int, ...], keepdim: bool,
+                    extra: dict) -> Tensor:
+    if func in (torch.any, torch.all, torch.argmax, torch.argmin) and len(dims) == 1:
+        return func(values, dims[0], keepdim=keepdim)
+    if func is torch.prod and len(dims) > 1:
+        # torch.prod takes one dim: reduce the dims one at a time, the last first.
+        for d in sorted(dims, reverse=True):
+            values = torch.prod(values, d, keepdim=keepdim)
+        return values
+    if func is torch.count_nonzero:
+        out = func(values, dims)
+        return out.view(*(1 if d in dims else s for d, s in enumerate(values.shape))) \
+            if keepdim else out
+    return func(values, dims, keepdim=keepdim, **extra)
+
+
+_NAMES = ("sum", "nansum", "mean", "prod", "amax", "amin", "argmax", "argmin", "logsumexp",
+          "count_nonzero", "any", "all")
+
+
+@register(*torch_funcs(*_NAMES), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    name = "sum" if func.__name__ == "nansum" else func.__name__
+    values_fn = func.__name__ == "nansum"
+    if values_fn:
+        batch = batch.with_values(batch.values.nan_to_num(0.0))
+    dims = _dims(batch, _arg(args, kwargs, 1, "dim", kwargs.get("axis")))
+    keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
+    return reduce(layout, batch, name, dims, keepdim, kwargs.get("dtype"))
+
+
+@register(*torch_funcs("var", "std"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    dims = _dims(batch, _arg(args, kwargs, 1, "dim"))
+    unbiased = _arg(args, kwargs, 2, "unbiased")
+    correction = kwargs.get("correction", 0 if unbiased is False else 1)
+    keepdim = bool(_arg(args, kwargs, 3, "keepdim", False))
+    return reduce(layout, batch, func.__name__, dims, keepdim, correction=correction)
+
+
+@register(*torch_funcs("max", "min"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``max(x)``: a 0-d tensor; ``max(x, dim)``: ``(values, indices)``; ``max(x, y)``: maximum."""
+    from nestbatch.ops.elementwise import elementwise
+
+    batch = args[0]
+    other = _arg(args, kwargs, 1, "dim", kwargs.get("other"))
+    name = func.__name__
+    if other is None:
+        return func(batch.values)
+    if not isinstance(other, int):
+        pair = torch.maximum if name == "max" else torch.minimum
+        return elementwise(Layout.PACKED, pair, (batch, other), {})
+    dims = _dims(batch, other)
+    keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
+    best = reduce(layout, batch, "amax" if name == "max" else "amin", dims, keepdim)
+    index = reduce(layout, batch, "argmax" if name == "max" else "argmin", dims, keepdim)
+    result_type = torch.return_types.max if name == "max" else torch.return_types.min
+    return result_type((best, index))
+
+
+# =========================================================================== softmax
+@register(*torch_funcs("softmax", "log_softmax", functional=True), torch.special.softmax,
+          torch.special.log_softmax, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    dim = _arg(args, kwargs, 1, "dim")
+    if dim is None:
+        raise ValueError("softmax on a NestedBatch needs an explicit dim")
+    dim = normalize_dim(batch, dim)
+    dtype = kwargs.get("dtype")
+    dtype = next((a for a in args[2:] if isinstance(a, torch.dtype)), dtype)
+    log = "log_softmax" in func.__name__
+    return softmax(layout, batch, dim, log=log, dtype=dtype)
+
+
+def softmax(layout: Layout, batch: NestedBatch, dim: int, *, log: bool = False,
+            dtype: Any = None) -> NestedBatch:
+    """Softmax (or log-softmax) of ``batch`` along ``dim`` (normalized); padding excluded.
+
+    Returns
+    -------
+    NestedBatch
+        Same structure. Over the ragged dim: packed segment softmax when ``k == 1`` and the
+        batch is not padded-only, masked softmax on padded data otherwise.
+    """
+    kind = dim_kind(batch, dim)
+    fn = F.log_softmax if log else F.softmax
+    if kind == "batch":
+        raise ValueError("softmax over dim 0 (the batch) is not supported on a NestedBatch")
+    if kind == "feature":
+        return batch.with_values(fn(batch.values, dim - batch.num_ragged_dims, dtype=dtype))
+    if layout is Layout.PACKED and batch.num_ragged_dims == 1:
+        values = batch.values if dtype is None else batch.values.to(dtype)
+        return batch.with_values(_segment_softmax(batch, values, log))
+    padded = batch.padded(None)
+    data = padded.data if dtype is None else padded.data.to(dtype)
+    filled = data.masked_fill(~_expand_to(padded.mask, data), float("-inf"))
+    return wrap_padded(fn(filled, dim), padded.partition)
+
+
+def _segment_softmax(batch: NestedBatch, values: Tensor, log: bool) -> Tensor:
+    shift = _safe_shift(segment_reduce(values.detach(), batch, "amax"), batch)[batch.row_ids]
+    shifted = values - shift
+    total = segment_reduce(shifted.exp(), batch, "sum")[batch.row_ids]
+    return shifted - total.log() if log else shifted.exp() / total

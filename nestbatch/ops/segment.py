@@ -1,0 +1,133 @@
+"""Segment reductions of packed rows: every sample's rows reduce to one row.
+
+Two backends compute the same results:
+
+* ``"torch"``: :func:`torch.segment_reduce` over the offsets for floating dtypes (differentiable),
+  ``scatter_reduce`` over the row ids for the others;
+* ``"scatter"``: ``torch_scatter.segment_csr``, an optional accelerator (``pip install
+  nestbatch[scatter]``; it builds from source against the installed torch, with
+  ``--no-build-isolation``). Its ``prod`` is missing, so that one always runs on torch.
+
+``"auto"`` (the default) uses torch-scatter on CUDA tensors when it is importable (where its CSR
+kernels are faster) and torch's own ops otherwise. :func:`set_segment_backend` picks one.
+
+Empty samples get TensorFlow's results: ``sum`` 0, ``prod`` 1, ``mean`` nan, ``amax`` the
+dtype's lowest finite value and ``amin`` its highest (TF's ``unsorted_segment_max`` /
+``reduce_max`` of an empty row).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from nestbatch.ops.common import fill_value_for
+
+if TYPE_CHECKING:
+    from nestbatch.batch import NestedBatch
+
+REDUCTIONS = ("sum", "mean", "amax", "amin", "prod")
+_BACKENDS = ("auto", "torch", "scatter")
+_state = {"backend": "auto"}
+_EMPTY = {"sum": 0, "prod": 1, "mean": float("nan")}
+
+
+def scatter_available() -> bool:
+    """Whether ``torch_scatter`` can be imported."""
+    return importlib.util.find_spec("torch_scatter") is not None
+
+
+def set_segment_backend(name: str) -> str:
+    """Choose the segment-reduction backend (``"auto"``, ``"torch"`` or ``"scatter"``).
+
+    Returns the previous one, so callers can restore it.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, or ``"scatter"`` when torch-scatter is not installed.
+    """
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
+    if name == "scatter" and not scatter_available():
+        raise ValueError("backend 'scatter' needs torch-scatter (pip install nestbatch[scatter])")
+    previous, _state["backend"] = _state["backend"], name
+    return previous
+
+
+def segment_backend() -> str:
+    """The backend chosen with :func:`set_segment_backend`."""
+    return _state["backend"]
+
+
+def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
+    """Reduce the packed rows of every sample.
+
+    Parameters
+    ----------
+    values : Tensor
+        ``(total, *feature)`` packed rows laid out as ``batch``'s.
+    batch : NestedBatch
+        Gives the offsets / row ids.
+    reduce : str
+        One of ``sum``, ``mean``, ``amax``, ``amin``, ``prod``.
+
+    Returns
+    -------
+    Tensor
+        ``(B, *feature)``; sums and products of integer / bool values are int64, as torch's.
+    """
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"reduce must be one of {REDUCTIONS}, got {reduce!r}")
+    if reduce == "mean" and not (values.is_floating_point() or values.is_complex()):
+        raise RuntimeError(
+            f"mean of a batch of dtype {values.dtype} is not defined; convert to a floating "
+            "dtype first (as torch.mean requires)"
+        )
+    if reduce in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
+        values = values.to(torch.int64)
+    backend = _state["backend"]
+    if backend == "auto":
+        backend = "scatter" if values.is_cuda and scatter_available() else "torch"
+    if backend == "scatter" and reduce != "prod" and values.is_floating_point():
+        out = _scatter_csr(values, batch.offsets, reduce)
+    elif values.is_floating_point() and values.dtype in (torch.float32, torch.float64):
+        out = _torch_segment(values, batch.offsets, reduce)
+    else:
+        out = _scatter_rows(values, batch, reduce)
+    return _fill_empty(out, batch.lengths, reduce)
+
+
+def _torch_segment(values: Tensor, offsets: Tensor, reduce: str) -> Tensor:
+    name = {"amax": "max", "amin": "min"}.get(reduce, reduce)
+    return torch.segment_reduce(values, name, offsets=offsets, axis=0, unsafe=True)
+
+
+def _scatter_csr(values: Tensor, offsets: Tensor, reduce: str) -> Tensor:
+    from torch_scatter import segment_csr
+
+    name = {"amax": "max", "amin": "min"}.get(reduce, reduce)
+    out = segment_csr(values, offsets, reduce=name)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _scatter_rows(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
+    # Dtypes segment_reduce lacks (integers, bool, half precision): scatter by row id.
+    shape = (batch.batch_size, *values.shape[1:])
+    index = batch.row_ids.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
+    if reduce == "sum":
+        return values.new_zeros(shape).scatter_add(0, index, values)
+    out = values.new_zeros(shape)
+    return out.scatter_reduce(0, index, values, reduce, include_self=False)
+
+
+def _fill_empty(out: Tensor, lengths: Tensor, reduce: str) -> Tensor:
+    if reduce in _EMPTY:
+        fill = _EMPTY[reduce]
+    else:
+        fill = fill_value_for(out.dtype, "lowest" if reduce == "amax" else "highest")
+    empty = (lengths == 0).view(-1, *([1] * (out.dim() - 1)))
+    return torch.where(empty, torch.as_tensor(fill, dtype=out.dtype, device=out.device), out)

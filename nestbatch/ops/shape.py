@@ -1,0 +1,209 @@
+"""Shape ops: reshape / view (and ``*_as``), transpose, permute, select, unbind, unsqueeze,
+squeeze, flatten.
+
+The batch dim and the ragged dims stay where they are (dim 0, then dims ``1..k``); these ops
+rearrange the feature dims, on the packed values. As in ``torch.nested``, a size of -1 keeps a
+dim's size, and the only size a ragged dim accepts is -1. Exceptions: ``transpose`` of two ragged
+dims (``k > 1``) swaps them on the padded data; ``select`` on a ragged dim picks the same
+position in every sample (each must be long enough).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from nestbatch.layouts import Layout, RowPartition
+from nestbatch.ops.common import (
+    PACKED_OR_PADDED,
+    dim_kind,
+    normalize_dim,
+    torch_funcs,
+    wrap_padded,
+)
+from nestbatch.ops.registry import register
+
+if TYPE_CHECKING:
+    from nestbatch.batch import NestedBatch
+
+
+def _shape_arg(args: tuple, kwargs: dict) -> tuple[int, ...]:
+    if len(args) == 2 and not isinstance(args[1], int):
+        return tuple(args[1])
+    if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int)):
+        return tuple(args[1:])
+    return tuple(kwargs.get("shape", kwargs.get("size", ())))
+
+
+def new_feature_shape(batch: NestedBatch, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The feature shape asked for by ``shape = (B or -1, -1 per ragged dim, *feature)``.
+
+    Raises
+    ------
+    ValueError
+        If ``shape`` changes the batch size or gives a ragged dim a size other than -1.
+    """
+    k = batch.num_ragged_dims
+    if len(shape) < 1 + k:
+        raise ValueError(
+            f"shape {shape} must start with the batch size (or -1) and -1 for each of the {k} "
+            "ragged dim(s)"
+        )
+    if shape[0] not in (-1, batch.batch_size):
+        raise ValueError(
+            f"shape {shape} changes the batch size {batch.batch_size}: dim 0 must stay "
+            f"{batch.batch_size} (or -1)"
+        )
+    for d in range(1, 1 + k):
+        if shape[d] != -1:
+            raise ValueError(
+                f"shape {shape}: ragged dim {d} has no single size; give -1 there (keep it)"
+            )
+    feature = list(shape[1 + k :])
+    old = batch.feature_shape
+    if feature.count(-1) > 1:
+        # torch.nested's rule: -1 keeps the size the dim already has.
+        feature = [old[i] if s == -1 and i < len(old) else s for i, s in enumerate(feature)]
+    return tuple(feature)
+
+
+@register(*torch_funcs("reshape", "view"), layouts=(Layout.PACKED,))
+def _reshape(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    if func is torch.Tensor.view and len(args) == 2 and isinstance(args[1], torch.dtype):
+        return batch.with_values(batch.values.view(args[1]))
+    feature = new_feature_shape(batch, _shape_arg(args, kwargs))
+    values = batch.values
+    method = values.view if func is torch.Tensor.view else values.reshape
+    return batch.with_values(method(values.shape[0], *feature))
+
+
+@register(*torch_funcs("reshape_as", "view_as"), layouts=(Layout.PACKED,))
+def _reshape_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch, other = args[0], args[1]
+    feature = tuple(other.feature_shape) if hasattr(other, "feature_shape") else \
+        tuple(other.shape[1 + batch.num_ragged_dims :])
+    values = batch.values
+    method = values.view if func.__name__ == "view_as" else values.reshape
+    return batch.with_values(method(values.shape[0], *feature))
+
+
+@register(*torch_funcs("transpose", "swapaxes", "swapdims"), layouts=PACKED_OR_PADDED,
+          prefer=Layout.PACKED)
+def _transpose(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    d0 = normalize_dim(batch, args[1] if len(args) > 1 else kwargs["dim0"], "dim0")
+    d1 = normalize_dim(batch, args[2] if len(args) > 2 else kwargs["dim1"], "dim1")
+    kinds = {dim_kind(batch, d0), dim_kind(batch, d1)}
+    if d0 == d1:
+        return batch
+    if kinds == {"feature"}:
+        k = batch.num_ragged_dims
+        return batch.with_values(batch.values.transpose(d0 - k, d1 - k))
+    if kinds == {"ragged"}:
+        padded = batch.padded(None)
+        order = list(range(batch.num_ragged_dims))
+        order[d0 - 1], order[d1 - 1] = order[d1 - 1], order[d0 - 1]
+        partition = RowPartition.from_shapes(batch.shape_per_sample[:, order])
+        return wrap_padded(padded.data.transpose(d0, d1), partition)
+    raise ValueError(
+        f"transpose({d0}, {d1}) of a NestedBatch: dim 0 and the ragged dims 1..."
+        f"{batch.num_ragged_dims} stay leading; transpose feature dims with each other (or "
+        "ragged dims with each other), or use .padded().data for a dense tensor"
+    )
+
+
+@register(*torch_funcs("permute"), layouts=(Layout.PACKED,))
+def _permute(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    dims = _shape_arg(args, kwargs) if "dims" not in kwargs else tuple(kwargs["dims"])
+    dims = tuple(normalize_dim(batch, d) for d in dims)
+    k = batch.num_ragged_dims
+    if dims[: 1 + k] != tuple(range(1 + k)):
+        raise ValueError(
+            f"permute{dims}: the batch dim and the ragged dims must stay in place (start with "
+            f"{tuple(range(1 + k))})"
+        )
+    return batch.with_values(batch.values.permute(0, *(d - k for d in dims[1 + k :])))
+
+
+@register(*torch_funcs("select"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+def _select(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    dim = normalize_dim(batch, args[1] if len(args) > 1 else kwargs["dim"])
+    index = int(args[2] if len(args) > 2 else kwargs["index"])
+    kind = dim_kind(batch, dim)
+    if kind == "batch":
+        return batch.sample(index)
+    if kind == "feature":
+        return batch.with_values(batch.values.select(dim - batch.num_ragged_dims, index))
+    return select_ragged(batch, dim, index)
+
+
+def select_ragged(batch: NestedBatch, dim: int, index: int) -> Tensor | NestedBatch:
+    """Position ``index`` of ragged ``dim`` in every sample (negative counts from each end).
+
+    Reads the sample sizes to check them (a sync when they are only on the device).
+
+    Returns
+    -------
+    Tensor or NestedBatch
+        Dense ``(B, *feature)`` when the batch has one ragged dim; otherwise a batch with one
+        ragged dim fewer.
+    """
+    sizes = batch.shape_per_sample[:, dim - 1]
+    need = index + 1 if index >= 0 else -index
+    if batch.batch_size and bool((sizes < need).any()):
+        raise IndexError(
+            f"select({dim}, {index}): not every sample has that position along ragged dim "
+            f"{dim} (sizes {sizes.tolist()})"
+        )
+    if batch.num_ragged_dims == 1:
+        starts = batch.offsets[:-1] if index >= 0 else batch.offsets[1:]
+        return batch.values.index_select(0, starts + index)
+    padded = batch.padded(None)
+    position = (sizes + index) if index < 0 else torch.full_like(sizes, index)
+    view = [-1] + [1] * (padded.data.dim() - 1)
+    view[dim] = 1
+    shape = list(padded.data.shape)
+    shape[dim] = 1
+    picked = padded.data.gather(dim, position.view(view).expand(shape)).squeeze(dim)
+    keep = [d for d in range(batch.num_ragged_dims) if d != dim - 1]
+    return wrap_padded(picked, RowPartition.from_shapes(batch.shape_per_sample[:, keep]))
+
+
+@register(*torch_funcs("unbind"), layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
+          prefer=Layout.LIST)
+def _unbind(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    return args[0].unbind(args[1] if len(args) > 1 else kwargs.get("dim", 0))
+
+
+@register(*torch_funcs("unsqueeze", "squeeze", "flatten"), layouts=(Layout.PACKED,))
+def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``unsqueeze`` / ``squeeze`` / ``flatten`` restricted to the feature dims."""
+    batch = args[0]
+    k = batch.num_ragged_dims
+    name = func.__name__
+    values = batch.values
+    if name == "unsqueeze":
+        dim = args[1] if len(args) > 1 else kwargs["dim"]
+        dim = dim % (batch.dim() + 1)
+        if dim <= k:
+            raise ValueError(f"unsqueeze({dim}): new dims go after the ragged dims (> {k})")
+        return batch.with_values(values.unsqueeze(dim - k))
+    if name == "squeeze":
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        if dims is None:
+            return batch.with_values(values.squeeze(tuple(range(1, values.dim()))))
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        dims = tuple(normalize_dim(batch, d) for d in dims)
+        if any(dim_kind(batch, d) != "feature" for d in dims):
+            raise ValueError(f"squeeze{dims}: only feature dims (> {k}) can be squeezed")
+        return batch.with_values(values.squeeze(tuple(d - k for d in dims)))
+    start = normalize_dim(batch, args[1] if len(args) > 1 else kwargs.get("start_dim", k + 1))
+    end = normalize_dim(batch, args[2] if len(args) > 2 else kwargs.get("end_dim", -1))
+    if start <= k:
+        raise ValueError(f"flatten({start}, {end}): only feature dims (> {k}) can be flattened")
+    return batch.with_values(values.flatten(start - k, end - k))

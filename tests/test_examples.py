@@ -1,0 +1,29 @@
+"""The examples run end to end (tiny sizes, fixed seeds) and print their results."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = {
+    "nlp_pipeline.py": "tagging loss",
+    "pointcloud_pipeline.py": "per-cloud features: (5, 32)",
+    "handover.py": "empty scene state is zero: True",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_runs(name):
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert EXAMPLES[name] in result.stdout

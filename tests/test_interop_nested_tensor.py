@@ -1,0 +1,71 @@
+"""torch.nested (jagged and strided) in and out: storage sharing, exact round trips, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from ragged_strategies import assert_same_samples, ragged_samples
+
+import nestbatch
+from nestbatch import NestedBatch
+
+
+@given(ragged_samples(num_ragged_dims=1, min_batch=1))
+def test_jagged_round_trip_shares_storage(case):
+    samples, _ = case
+    batch = nestbatch.nested(samples)
+    nt = batch.to_nested_tensor()
+    assert nt.is_nested and nt.layout == torch.jagged
+    assert nt.values().data_ptr() == batch.values.data_ptr()
+    assert_same_samples(list(nt.unbind()), samples)
+    back = NestedBatch.from_nested_tensor(nt)
+    assert back.values.data_ptr() == batch.values.data_ptr()
+    assert torch.equal(back.offsets, batch.offsets)
+    assert_same_samples(back.tolist(), samples)
+
+
+def test_from_torch_built_jagged_with_features_and_as_nested():
+    samples = [torch.randn(3, 2, 4), torch.randn(1, 2, 4), torch.randn(0, 2, 4)]
+    nt = torch.nested.as_nested_tensor(samples, layout=torch.jagged)
+    batch = nestbatch.as_nested(nt)
+    assert batch.feature_shape == (2, 4)
+    assert_same_samples(batch.tolist(), samples)
+
+
+def test_jagged_with_holes():
+    data = torch.arange(30.0).reshape(3, 5, 2)
+    nt = torch.nested.narrow(data, 1, torch.tensor([0, 1, 2]), torch.tensor([2, 3, 1]),
+                             layout=torch.jagged)
+    batch = NestedBatch.from_nested_tensor(nt)
+    assert_same_samples(batch.tolist(), [data[0, 0:2], data[1, 1:4], data[2, 2:3]])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_strided_input_infers_ragged_dims():
+    images = [torch.randn(4, 3, 2), torch.randn(2, 5, 2)]
+    nt = torch.nested.nested_tensor(images)
+    batch = NestedBatch.from_nested_tensor(nt)
+    assert batch.num_ragged_dims == 2 and batch.feature_shape == (2,)
+    assert_same_samples(batch.tolist(), images)
+    assert NestedBatch.from_nested_tensor(nt, num_ragged_dims=3).feature_shape == ()
+
+
+def test_gradients_through_jagged():
+    values = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(
+        lambda v: NestedBatch.from_nested_tensor(
+            NestedBatch.from_lengths(v, [2, 0, 4]).to_nested_tensor()
+        ).values * 2,
+        (values,),
+    )
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="one ragged dim"):
+        nestbatch.nested([torch.ones(2, 3)], num_ragged_dims=2).to_nested_tensor()
+    with pytest.raises(TypeError, match="nested tensor"):
+        NestedBatch.from_nested_tensor(torch.ones(3))
+    nt = nestbatch.nested([torch.ones(2, 3), torch.ones(1, 3)]).to_nested_tensor()
+    with pytest.raises(ValueError, match="dim 1"):
+        NestedBatch.from_nested_tensor(nt.transpose(1, 2))

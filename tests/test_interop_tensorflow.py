@@ -1,0 +1,90 @@
+"""Every TF RaggedTensor factory / accessor of the TF ragged guide, under nestbatch's names, with
+the guide's printed outputs as expected values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from ragged_strategies import ragged_samples
+
+import nestbatch
+from nestbatch import NestedBatch
+
+VALUES = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+EXPECTED = [[3, 1, 4, 1], [], [5, 9, 2], [6], []]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: NestedBatch.from_offsets(VALUES, torch.tensor([0, 4, 4, 7, 8, 8])),
+        lambda: NestedBatch.from_lengths(VALUES, [4, 0, 3, 1, 0]),
+        lambda: NestedBatch.from_row_starts(VALUES, [0, 4, 4, 7, 8]),
+        lambda: NestedBatch.from_row_limits(VALUES, torch.tensor([4, 4, 7, 8, 8])),
+        lambda: NestedBatch.from_row_ids(VALUES, torch.tensor([0, 0, 0, 0, 2, 2, 2, 3]), 5),
+        lambda: nestbatch.nested([torch.tensor(r, dtype=torch.int64) for r in EXPECTED]),
+    ],
+)
+def test_factories_agree_with_the_guide(build):
+    assert build().to_pylist() == EXPECTED
+
+
+def test_accessors_print_like_the_guide():
+    rt = nestbatch.nested([torch.tensor(r, dtype=torch.int64) for r in EXPECTED])
+    assert rt.values.tolist() == [3, 1, 4, 1, 5, 9, 2, 6]
+    assert rt.offsets.tolist() == [0, 4, 4, 7, 8, 8]  # row_splits
+    assert rt.lengths.tolist() == [4, 0, 3, 1, 0]  # row_lengths()
+    assert rt.row_starts().tolist() == [0, 4, 4, 7, 8]
+    assert rt.row_limits().tolist() == [4, 4, 7, 8, 8]
+    assert rt.row_ids.tolist() == [0, 0, 0, 0, 2, 2, 2, 3]  # value_rowids()
+    assert len(rt) == 5  # nrows()
+
+
+def test_from_tensor_with_padding_and_lengths_and_to_tensor():
+    x = torch.tensor([[1, 3, -1, -1], [2, -1, -1, -1], [4, 5, 8, 9]])
+    assert NestedBatch.from_trailing_padding(x, -1).to_pylist() == [[1, 3], [2], [4, 5, 8, 9]]
+    assert NestedBatch.from_padded(x, [2, 1, 4]).to_pylist() == [[1, 3], [2], [4, 5, 8, 9]]
+    inner = torch.tensor([[[1, 0], [0, 0]], [[0, 0], [2, 0]]])  # a slot is padding if all-zero
+    assert NestedBatch.from_trailing_padding(inner, 0).lengths.tolist() == [1, 2]
+    sentences = nestbatch.nested([torch.tensor([1]), torch.tensor([2, 3, 4, 5]),
+                                  torch.tensor([6, 7])])
+    assert sentences.to_padded(0).tolist() == [[1, 0, 0, 0], [2, 3, 4, 5], [6, 7, 0, 0]]
+    assert sentences.to_padded(-1, max_shape=[6]).shape == (3, 6)
+
+
+def test_bounding_shape_and_uniform_inner_dims():
+    assert nestbatch.nested([torch.ones(1), torch.ones(3)]).bounding_shape().tolist() == [2, 3]
+    rt = NestedBatch.from_offsets(
+        torch.tensor([[1, 3], [0, 0], [1, 3], [5, 3], [3, 3], [1, 2]]), torch.tensor([0, 3, 4, 6])
+    )
+    assert rt.to_pylist() == [[[1, 3], [0, 0], [1, 3]], [[5, 3]], [[3, 3], [1, 2]]]
+    assert rt.bounding_shape().tolist() == [3, 3, 2]
+
+
+def test_map_values_and_elementwise_like_map_flat_values():
+    digits = nestbatch.nested([torch.tensor(r, dtype=torch.int64) for r in EXPECTED])
+    assert digits.map_values(lambda x: x * 2 + 1).to_pylist() == [
+        [7, 3, 9, 3], [], [11, 19, 5], [13], []
+    ]
+
+
+@given(ragged_samples(num_ragged_dims=1, dtypes=(torch.int64, torch.float32)))
+def test_partition_encodings_round_trip(case):
+    samples, _ = case
+    batch = NestedBatch.from_list(samples)
+    values = batch.values
+    expected = batch.to_pylist()
+    assert NestedBatch.from_row_starts(values, batch.row_starts()).to_pylist() == expected
+    assert NestedBatch.from_row_limits(values, batch.row_limits()).to_pylist() == expected
+    by_ids = NestedBatch.from_row_ids(values, batch.row_ids, len(samples))
+    assert by_ids.to_pylist() == expected
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(TypeError, match="row_starts"):
+        NestedBatch.from_row_starts(VALUES, torch.tensor([0.0, 4.0]))
+    with pytest.raises(ValueError, match="offsets"):
+        NestedBatch.from_row_limits(VALUES, [4, 2, 8])
+    with pytest.raises(ValueError, match="data"):
+        NestedBatch.from_trailing_padding(torch.ones(3), 0)

@@ -1,0 +1,105 @@
+"""nestbatch.convert.kaolin against plain-torch versions of kaolin.ops.batch's functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nestbatch.convert import kaolin
+
+
+def _ref_padded(tensor_list, padding_value, max_shape):
+    last = tensor_list[0].shape[-1]
+    out = torch.full((len(tensor_list), *max_shape, last), padding_value,
+                     dtype=tensor_list[0].dtype)
+    for i, t in enumerate(tensor_list):
+        out[(i, *(slice(0, s) for s in t.shape[:-1]))] = t
+    return out
+
+
+@st.composite
+def element_lists(draw):
+    k = draw(st.integers(1, 2))
+    last = draw(st.integers(1, 3))
+    batch = draw(st.integers(1, 4))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 1000)))
+    sizes = st.lists(st.integers(0, 4), min_size=k, max_size=k)
+    shapes = [tuple(draw(sizes)) for _ in range(batch)]
+    return [torch.randn(*s, last, generator=gen, dtype=torch.float64) for s in shapes]
+
+
+def test_seed_textures_example():
+    t0, t1 = torch.randn(32, 32, 3), torch.randn(64, 16, 3)
+    packed, shape_per_tensor = kaolin.list_to_packed([t0, t1])
+    assert packed.shape == (32 * 32 + 64 * 16, 3)
+    assert shape_per_tensor.tolist() == [[32, 32], [64, 16]]
+    assert torch.equal(packed, torch.cat([t0.reshape(-1, 3), t1.reshape(-1, 3)]))
+    first_idx = kaolin.get_first_idx(shape_per_tensor.prod(1))
+    assert first_idx.tolist() == [0, 1024, 2048]
+    assert kaolin.list_to_padded([t0, t1], 0.0).shape == (2, 64, 32, 3)
+    forced = kaolin.list_to_padded([t0, t1], 0.0, max_shape=(128, 128))
+    assert torch.equal(forced, _ref_padded([t0, t1], 0.0, (128, 128)))
+
+
+@given(element_lists(), st.sampled_from([0.0, -1.0]), st.booleans())
+def test_functions_match_reference(tensor_list, padding_value, partial):
+    shape_per_tensor = kaolin.get_shape_per_tensor(tensor_list)
+    assert shape_per_tensor.tolist() == [list(t.shape[:-1]) for t in tensor_list]
+    largest = shape_per_tensor.amax(0).tolist()
+    request = [None] * len(largest)
+    if partial:
+        request[-1] = largest[-1] + 2
+    max_shape = kaolin.fill_max_shape(shape_per_tensor, request)
+    assert max_shape.tolist() == [r if r is not None else m for r, m in zip(request, largest)]
+    kaolin_style = [-1 if r is None else r for r in request]
+    assert torch.equal(kaolin.fill_max_shape(shape_per_tensor, kaolin_style), max_shape)
+
+    packed, shapes = kaolin.list_to_packed(tensor_list)
+    last = tensor_list[0].shape[-1]
+    assert torch.equal(packed, torch.cat([t.reshape(-1, last) for t in tensor_list]))
+    first_idx = kaolin.get_first_idx(shapes.prod(1))
+    padded = kaolin.packed_to_padded(packed, shapes, first_idx, padding_value, request)
+    expected = _ref_padded(tensor_list, padding_value, max_shape.tolist())
+    assert torch.equal(padded, expected)
+    assert torch.equal(kaolin.list_to_padded(tensor_list, padding_value, request), expected)
+    assert torch.equal(kaolin.padded_to_packed(padded, shapes), packed)
+    for got, want in zip(kaolin.packed_to_list(packed, shapes, first_idx), tensor_list):
+        assert torch.equal(got, want)
+    for got, want in zip(kaolin.padded_to_list(padded, shapes), tensor_list):
+        assert torch.equal(got, want)
+
+
+def test_tile_to_packed():
+    values = torch.tensor([0.0, 6.0, 7.0])
+    numel = torch.tensor([2, 2, 3])
+    assert kaolin.tile_to_packed(values, numel).tolist() == [[0.0], [0.0], [6.0], [6.0], [7.0],
+                                                            [7.0], [7.0]]
+    vectors = torch.randn(3, 4)
+    assert torch.equal(kaolin.tile_to_packed(vectors, numel),
+                       torch.repeat_interleave(vectors, numel, dim=0))
+    with pytest.raises(ValueError, match="one entry per tensor"):
+        kaolin.tile_to_packed(values, torch.tensor([1, 2]))
+
+
+def test_gradients():
+    packed = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+    shapes = torch.tensor([[2, 2], [3, 1]])
+    first_idx = kaolin.get_first_idx(shapes.prod(1))
+    torch.autograd.gradcheck(
+        lambda p: kaolin.packed_to_padded(p, shapes, first_idx, 0.0, [3, -1]), (packed,)
+    )
+    padded = torch.randn(2, 3, 2, 2, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda p: kaolin.padded_to_packed(p, shapes), (padded,))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="3 dimensions but got 2 at index 1"):
+        kaolin.get_shape_per_tensor([torch.ones(1, 2, 3), torch.ones(2, 3)])
+    with pytest.raises(ValueError, match="smaller"):
+        kaolin.list_to_padded([torch.ones(4, 3)], 0.0, max_shape=[2])
+    with pytest.raises(ValueError, match="partial_max_shape"):
+        kaolin.fill_max_shape(torch.tensor([[1, 2]]), [3])
+    with pytest.raises(ValueError, match="first_idx"):
+        kaolin.packed_to_list(torch.ones(3, 1), torch.tensor([[3]]), torch.tensor([0]))
