@@ -4,9 +4,10 @@ Code written for ``accvlab.batching_helpers`` works after changing only its
 import to ``nestbatch.batching_helpers``.
 
 Every function normalizes its operands (flattens the batch dims and moves the
-indexed dim to position 1), calls a primitive of
-:mod:`nestbatch.batched_indexing`, and restores the original layout. All
-functions run on the CPU and on accelerators.
+indexed dim to position 1), calls an operator of :mod:`nestbatch.kernels` (a
+CUDA kernel on CUDA tensors; the PyTorch primitives of
+:mod:`nestbatch.batched_indexing` elsewhere), and restores the original layout.
+All functions run on the CPU and on accelerators.
 
 Conventions
 -----------
@@ -33,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from . import batched_indexing as bi
+from . import kernels
 from .ragged_batch import RaggedBatch, from_canonical, to_canonical
 
 __all__ = [
@@ -390,7 +391,7 @@ def batched_indexing_access(
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, valid, data.bound, "input_indices", "input_data")]
     )
-    out = bi.indexing_access(data.canonical, resolved, sizes, filler_value)
+    out = kernels.indexing_access(data.canonical, resolved, sizes, filler_value, check_bounds=False)
     tensor = from_canonical(out, indices.batch_shape, data.dim)
     return indices.create_with_sample_sizes_like_self(tensor, non_uniform_dim=data.dim)
 
@@ -448,7 +449,9 @@ def batched_indexing_write(
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, valid, into.bound, "output_indices", "to_write_into")]
     )
-    out = bi.indexing_write(values.canonical, resolved, sizes, into.canonical)
+    out = kernels.indexing_write(
+        values.canonical, resolved, sizes, into.canonical, check_bounds=False
+    )
     return _wrap_like(into, out, indices.batch_shape)
 
 
@@ -497,8 +500,8 @@ def batched_inverse_indexing_access(
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, valid, output_num_targets, "output_indices", "the output")]
     )
-    out = bi.inverse_indexing_access(
-        values.canonical, resolved, sizes, output_num_targets, filler_value
+    out = kernels.inverse_indexing_access(
+        values.canonical, resolved, sizes, output_num_targets, filler_value, check_bounds=False
     )
     return from_canonical(out, indices.batch_shape, values.dim)
 
@@ -565,7 +568,9 @@ def batched_index_mapping(
             _RangeCheck(t_flat[:, :width], valid, target.bound, "target_indices", "target_data"),
         ]
     )
-    out = bi.index_mapping(source.canonical, s_res, t_res, sizes, target.canonical)
+    out = kernels.index_mapping(
+        source.canonical, s_res, t_res, sizes, target.canonical, check_bounds=False
+    )
     return _wrap_like(target, out, batch_shape)
 
 
@@ -594,7 +599,7 @@ def get_mask_from_indices(mask_num_targets: int, indices: RaggedBatch) -> Tensor
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, valid, mask_num_targets, "indices", "the mask")]
     )
-    mask = bi.indices_to_mask(resolved, sizes, mask_num_targets)
+    mask = kernels.indices_to_mask(resolved, sizes, mask_num_targets, check_bounds=False)
     return mask.reshape(tuple(indices.batch_shape) + (mask_num_targets,))
 
 
@@ -641,7 +646,7 @@ def get_indices_from_mask(mask: Tensor | RaggedBatch) -> RaggedBatch:
     if validity is not None:
         tensor = tensor & validity
     flat = tensor.reshape(math.prod(batch_shape), tensor.shape[-1])
-    indices, counts = bi.mask_to_indices(flat)
+    indices, counts = kernels.mask_to_indices(flat)
     return RaggedBatch(
         indices.reshape(tuple(batch_shape) + (indices.shape[1],)),
         sample_sizes=counts.reshape(batch_shape),
@@ -712,7 +717,7 @@ def batched_bool_indexing(
     data, effective, batch_shape = _bool_index_operands(
         input_data, "input_data", input_mask, "input_mask"
     )
-    out, counts = bi.bool_compaction(data.canonical, effective)
+    out, counts = kernels.bool_compaction(data.canonical, effective)
     return RaggedBatch(
         from_canonical(out, batch_shape, data.dim),
         sample_sizes=counts.reshape(batch_shape),
@@ -762,7 +767,9 @@ def batched_bool_indexing_write(
     bound = values.bound.unsqueeze(1) if isinstance(values.bound, Tensor) else values.bound
     selected = effective & (rank < bound)
     all_slots = torch.full((rank.shape[0],), rank.shape[1], dtype=torch.int64, device=rank.device)
-    gathered = bi.indexing_access(values.canonical, rank.clamp(0, num_values - 1), all_slots, 0)
+    gathered = kernels.indexing_access(
+        values.canonical, rank.clamp(0, num_values - 1), all_slots, 0, check_bounds=False
+    )
     view = selected.reshape(tuple(selected.shape) + (1,) * (gathered.dim() - 2))
     return _wrap_like(into, torch.where(view, gathered, into.canonical), batch_shape)
 
@@ -801,14 +808,14 @@ def get_compact_lists(mask: Tensor, data: Sequence[Tensor | Any]) -> list[Ragged
                     f"expected leading dims {tuple(mask.shape)}"
                 )
             _check_device(f"data[{pos}]", item, "mask", mask)
-    indices, counts = bi.mask_to_indices(mask)
+    indices, counts = kernels.mask_to_indices(mask)
     layout_source: RaggedBatch | None = None
     result: list[RaggedBatch | Any] = []
     for item in data:
         if not isinstance(item, Tensor):
             result.append(item)
             continue
-        out = bi.indexing_access(item, indices, counts, 0)
+        out = kernels.indexing_access(item, indices, counts, 0, check_bounds=False)
         if layout_source is None:
             layout_source = RaggedBatch(out, sample_sizes=counts)
             result.append(layout_source)

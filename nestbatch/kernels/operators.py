@@ -1,0 +1,437 @@
+"""The ``nestbatch::*`` operators: schemas, CPU/CUDA implementations, fake kernels, autograd.
+
+Every operator is a :func:`torch.library.custom_op`, so ``torch.compile`` traces through it as one
+opaque node (its fake kernel gives output shapes without running it) and ``torch.library.opcheck``
+can verify its registrations.
+
+* The device-agnostic implementation (used on the CPU, and on CUDA when the compiled extension is
+  missing) is the pure-PyTorch reference: :mod:`nestbatch.convert.packed_padded` for the
+  conversions, :mod:`nestbatch.batched_indexing` for the indexing primitives.
+* The CUDA implementation calls the compiled kernels of ``csrc/`` (``torch.ops.nestbatch_cuda``)
+  when :func:`nestbatch.kernels.extension.load_extension` succeeds, and the reference otherwise.
+* Output sizes that depend on data (the total of a batch, the largest count of a mask) are int
+  arguments computed by the caller, so no operator ever synchronizes with the device.
+* Index validity is the caller's job (see the wrappers in :mod:`nestbatch.kernels`): the compiled
+  kernels never touch memory out of bounds, but only the wrappers raise on bad indices.
+
+Fill values are ``Scalar`` (Python ``int``, ``float`` or ``bool``) so ``int64`` data keeps exact
+fillers. This module deliberately avoids ``from __future__ import annotations``: ``custom_op``
+infers the schemas from the real annotation objects.
+"""
+
+import torch
+from torch import Tensor
+from torch.types import Number
+
+from nestbatch import batched_indexing as reference
+from nestbatch.kernels.extension import load_extension
+
+__all__ = [
+    "CPU_IMPLEMENTATIONS",
+    "bool_compaction_op",
+    "fill_padding_op",
+    "index_mapping_op",
+    "indexing_access_op",
+    "indexing_write_op",
+    "indices_to_mask_op",
+    "inverse_indexing_access_op",
+    "mask_to_indices_op",
+    "packed_to_padded_op",
+    "padded_to_packed_op",
+]
+
+
+def _compiled():
+    """``torch.ops.nestbatch_cuda`` when the CUDA extension is loaded, else ``None``."""
+    return torch.ops.nestbatch_cuda if load_extension() else None
+
+
+def _define(name: str, reference_impl):
+    """Operator ``nestbatch::<name>`` running ``reference_impl`` on the CPU, and on CUDA tensors
+    the compiled kernel ``torch.ops.nestbatch_cuda.<name>`` (``reference_impl`` when the
+    extension is missing). The schema is inferred from ``reference_impl``'s annotations."""
+    op = torch.library.custom_op(f"nestbatch::{name}", reference_impl, mutates_args=())
+
+    @op.register_kernel("cuda")
+    def _(*args):
+        ops = _compiled()
+        return reference_impl(*args) if ops is None else getattr(ops, name)(*args)
+
+    return op
+
+
+def _partition(offsets: Tensor, max_len: int, total: int):
+    """A one-ragged-dim partition whose host sizes are known, so the reference never syncs."""
+    from nestbatch.layouts import RowPartition
+
+    partition = RowPartition.from_offsets(offsets, max_len=max_len)
+    partition.note_total(total)
+    return partition
+
+
+def _accumulate_rows(grad: Tensor, indices: Tensor, sizes: Tensor, num_sources: int) -> Tensor:
+    """Backward of a per-sample gather: sum the rows of ``grad`` into their source rows.
+
+    ``grad`` ``(B, M, *D)`` -> ``(B, num_sources, *D)``. Sources may repeat (their gradients add
+    up); padded slots contribute nothing. This is the computation autograd derives for the
+    reference gather, written out once so both the compiled and the reference path share it and
+    agree bit for bit.
+    """
+    num_samples = grad.shape[0]
+    out = grad.new_zeros((num_samples, num_sources, *grad.shape[2:]))
+    if num_sources == 0 or grad.numel() == 0:
+        return out
+    masked = torch.ops.nestbatch.fill_padding(grad, sizes, 0)
+    safe = torch.ops.nestbatch.fill_padding(indices, sizes, 0).long()
+    batch = torch.arange(num_samples, device=grad.device).unsqueeze(1)
+    return out.index_put_((batch, safe), masked, accumulate=True)
+
+
+# ------------------------------------------------------------------------------ packed -> padded
+def _packed_to_padded_reference(
+    values: Tensor, offsets: Tensor, max_len: int, padding_value: Number
+) -> Tensor:
+    """``(total, *D)`` packed rows -> ``(B, max_len, *D)``; ``offsets`` is ``(B + 1,)``."""
+    from nestbatch.convert import packed_padded
+
+    partition = _partition(offsets, max_len, values.shape[0])
+    return packed_padded.reference_packed_values_to_padded(
+        values, partition, (max_len,), padding_value
+    ).contiguous()
+
+
+packed_to_padded_op = _define("packed_to_padded", _packed_to_padded_reference)
+
+
+
+@packed_to_padded_op.register_fake
+def _(values: Tensor, offsets: Tensor, max_len: int, padding_value: Number) -> Tensor:
+    return values.new_empty((offsets.shape[0] - 1, max_len, *values.shape[1:]))
+
+
+def _packed_to_padded_setup(ctx, inputs, output) -> None:
+    values, offsets, _, _ = inputs
+    ctx.save_for_backward(offsets)
+    ctx.total = values.shape[0]
+
+
+def _packed_to_padded_backward(ctx, grad):
+    (offsets,) = ctx.saved_tensors
+    return torch.ops.nestbatch.padded_to_packed(grad, offsets, ctx.total), None, None, None
+
+
+packed_to_padded_op.register_autograd(
+    _packed_to_padded_backward, setup_context=_packed_to_padded_setup
+)
+
+
+# ------------------------------------------------------------------------------ padded -> packed
+def _padded_to_packed_reference(data: Tensor, offsets: Tensor, total: int) -> Tensor:
+    """``(B, L, *D)`` padded data -> ``(total, *D)`` packed rows; ``offsets`` is ``(B + 1,)``."""
+    from nestbatch.convert import packed_padded
+
+    partition = _partition(offsets, data.shape[1], total)
+    return packed_padded.reference_padded_data_to_packed(data, partition).contiguous()
+
+
+padded_to_packed_op = _define("padded_to_packed", _padded_to_packed_reference)
+
+
+
+@padded_to_packed_op.register_fake
+def _(data: Tensor, offsets: Tensor, total: int) -> Tensor:
+    return data.new_empty((total, *data.shape[2:]))
+
+
+def _padded_to_packed_setup(ctx, inputs, output) -> None:
+    data, offsets, _ = inputs
+    ctx.save_for_backward(offsets)
+    ctx.max_len = data.shape[1]
+
+
+def _padded_to_packed_backward(ctx, grad):
+    (offsets,) = ctx.saved_tensors
+    return torch.ops.nestbatch.packed_to_padded(grad, offsets, ctx.max_len, 0), None, None
+
+
+padded_to_packed_op.register_autograd(
+    _padded_to_packed_backward, setup_context=_padded_to_packed_setup
+)
+
+
+# --------------------------------------------------------------------------------- fill padding
+def _fill_padding_reference(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
+    """``(B, N, *D)`` with slots ``>= sizes[b]`` along dim 1 set to ``value`` (a new tensor)."""
+    return reference.fill_padding(data, sizes, value).contiguous()
+
+
+fill_padding_op = _define("fill_padding", _fill_padding_reference)
+
+
+
+@fill_padding_op.register_fake
+def _(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
+    return torch.empty_like(data, memory_format=torch.contiguous_format)
+
+
+def _sizes_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[1])
+
+
+def _fill_padding_backward(ctx, grad):
+    (sizes,) = ctx.saved_tensors
+    return torch.ops.nestbatch.fill_padding(grad, sizes, 0), None, None
+
+
+fill_padding_op.register_autograd(_fill_padding_backward, setup_context=_sizes_setup)
+
+
+# ------------------------------------------------------------------------------ indexing access
+def _indexing_access_reference(
+    data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number
+) -> Tensor:
+    """Per-sample gather ``out[b, j] = data[b, indices[b, j]]``, filler for ``j >= sizes[b]``."""
+    return reference.indexing_access(data, indices, sizes, filler_value).contiguous()
+
+
+indexing_access_op = _define("indexing_access", _indexing_access_reference)
+
+
+
+@indexing_access_op.register_fake
+def _(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number) -> Tensor:
+    return data.new_empty((data.shape[0], indices.shape[1], *data.shape[2:]))
+
+
+def _indexing_access_setup(ctx, inputs, output) -> None:
+    data, indices, sizes, _ = inputs
+    ctx.save_for_backward(indices, sizes)
+    ctx.num_sources = data.shape[1]
+
+
+def _indexing_access_backward(ctx, grad):
+    indices, sizes = ctx.saved_tensors
+    return _accumulate_rows(grad, indices, sizes, ctx.num_sources), None, None, None
+
+
+indexing_access_op.register_autograd(
+    _indexing_access_backward, setup_context=_indexing_access_setup
+)
+
+
+# ------------------------------------------------------------------------------- indexing write
+def _indexing_write_reference(
+    to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor
+) -> Tensor:
+    """``into`` with ``out[b, indices[b, j]] = to_write[b, j]`` for ``j < sizes[b]``."""
+    return reference.indexing_write(to_write, indices, sizes, into).contiguous()
+
+
+indexing_write_op = _define("indexing_write", _indexing_write_reference)
+
+
+
+@indexing_write_op.register_fake
+def _(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
+    return torch.empty_like(into, memory_format=torch.contiguous_format)
+
+
+def _indexing_write_setup(ctx, inputs, output) -> None:
+    to_write, indices, sizes, _ = inputs
+    ctx.save_for_backward(indices, sizes)
+    ctx.write_shape = to_write.shape
+
+
+def _indexing_write_backward(ctx, grad):
+    indices, sizes = ctx.saved_tensors
+    grad_values = grad_into = None
+    if ctx.needs_input_grad[0]:
+        grad_values = torch.ops.nestbatch.indexing_access(grad, indices, sizes, 0)
+    if ctx.needs_input_grad[3]:
+        # Overwritten positions of ``into`` do not reach the output: their gradient is 0.
+        zeros = grad.new_zeros(ctx.write_shape)
+        grad_into = torch.ops.nestbatch.indexing_write(zeros, indices, sizes, grad)
+    return grad_values, None, None, grad_into
+
+
+indexing_write_op.register_autograd(_indexing_write_backward, setup_context=_indexing_write_setup)
+
+
+# ---------------------------------------------------------------------- inverse indexing access
+def _inverse_indexing_access_reference(
+    data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int, filler_value: Number
+) -> Tensor:
+    """``(B, num_targets, *D)`` filler with ``out[b, indices[b, j]] = data[b, j]`` written in."""
+    return reference.inverse_indexing_access(
+        data, indices, sizes, num_targets, filler_value
+    ).contiguous()
+
+
+inverse_indexing_access_op = _define("inverse_indexing_access", _inverse_indexing_access_reference)
+
+
+
+@inverse_indexing_access_op.register_fake
+def _(
+    data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int, filler_value: Number
+) -> Tensor:
+    return data.new_empty((data.shape[0], num_targets, *data.shape[2:]))
+
+
+def _inverse_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+def _inverse_backward(ctx, grad):
+    indices, sizes = ctx.saved_tensors
+    grad_data = torch.ops.nestbatch.indexing_access(grad, indices, sizes, 0)
+    return grad_data, None, None, None, None
+
+
+inverse_indexing_access_op.register_autograd(_inverse_backward, setup_context=_inverse_setup)
+
+
+# -------------------------------------------------------------------------------- index mapping
+def _index_mapping_reference(
+    source: Tensor, source_indices: Tensor, target_indices: Tensor, sizes: Tensor, target: Tensor
+) -> Tensor:
+    """``target`` with ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``."""
+    return reference.index_mapping(
+        source, source_indices, target_indices, sizes, target
+    ).contiguous()
+
+
+index_mapping_op = _define("index_mapping", _index_mapping_reference)
+
+
+
+@index_mapping_op.register_fake
+def _(
+    source: Tensor, source_indices: Tensor, target_indices: Tensor, sizes: Tensor, target: Tensor
+) -> Tensor:
+    return torch.empty_like(target, memory_format=torch.contiguous_format)
+
+
+def _index_mapping_setup(ctx, inputs, output) -> None:
+    source, source_indices, target_indices, sizes, _ = inputs
+    ctx.save_for_backward(source_indices, target_indices, sizes)
+    ctx.num_sources = source.shape[1]
+
+
+def _index_mapping_backward(ctx, grad):
+    source_indices, target_indices, sizes = ctx.saved_tensors
+    grad_source = grad_target = None
+    mapped = torch.ops.nestbatch.indexing_access(grad, target_indices, sizes, 0)
+    if ctx.needs_input_grad[0]:
+        grad_source = _accumulate_rows(mapped, source_indices, sizes, ctx.num_sources)
+    if ctx.needs_input_grad[4]:
+        grad_target = torch.ops.nestbatch.indexing_write(
+            torch.zeros_like(mapped), target_indices, sizes, grad
+        )
+    return grad_source, None, None, None, grad_target
+
+
+index_mapping_op.register_autograd(_index_mapping_backward, setup_context=_index_mapping_setup)
+
+
+# ------------------------------------------------------------------------------- mask -> indices
+def _mask_to_indices_reference(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+    """Positions of the True entries of each row of a ``(B, N)`` mask, in increasing order.
+
+    Returns ``indices`` ``(B, max_count)`` int64 (padded slots 0; entries of rank ``>=
+    max_count`` dropped) and ``counts`` ``(B,)`` int64. Written with the sync-free reference
+    scatter (:func:`~nestbatch.batched_indexing.inverse_indexing_access`) because the width is
+    given.
+    """
+    num_samples, num_entries = mask.shape
+    rank = torch.cumsum(mask, dim=1, dtype=torch.int64) - 1
+    # Unselected (and overflowing) entries all go to one extra dummy column, dropped below.
+    kept = mask & (rank < max_count)
+    slot = torch.where(kept, rank, torch.full_like(rank, max_count))
+    positions = torch.arange(num_entries, device=mask.device).expand(num_samples, num_entries)
+    every_entry = torch.full((num_samples,), num_entries, dtype=torch.int64, device=mask.device)
+    scattered = reference.inverse_indexing_access(positions, slot, every_entry, max_count + 1, 0)
+    counts = mask.sum(dim=1, dtype=torch.int64)
+    return scattered[:, :max_count].contiguous(), counts
+
+
+mask_to_indices_op = _define("mask_to_indices", _mask_to_indices_reference)
+
+
+
+@mask_to_indices_op.register_fake
+def _(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+    num_samples = mask.shape[0]
+    return (
+        mask.new_empty((num_samples, max_count), dtype=torch.int64),
+        mask.new_empty((num_samples,), dtype=torch.int64),
+    )
+
+
+# ------------------------------------------------------------------------------- indices -> mask
+def _indices_to_mask_reference(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
+    """Bool ``(B, num_targets)`` with ``mask[b, indices[b, j]] = True`` for ``j < sizes[b]``."""
+    return reference.indices_to_mask(indices, sizes, num_targets).contiguous()
+
+
+indices_to_mask_op = _define("indices_to_mask", _indices_to_mask_reference)
+
+
+
+@indices_to_mask_op.register_fake
+def _(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
+    return indices.new_empty((indices.shape[0], num_targets), dtype=torch.bool)
+
+
+# ------------------------------------------------------------------------------ bool compaction
+def _bool_compaction_reference(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+    """Selected rows of ``(B, N, *D)`` packed to the front: ``(B, max_count, *D)``, counts."""
+    indices, counts = _mask_to_indices_reference(mask, max_count)
+    return reference.indexing_access(data, indices, counts, 0).contiguous(), counts
+
+
+bool_compaction_op = _define("bool_compaction", _bool_compaction_reference)
+
+
+
+@bool_compaction_op.register_fake
+def _(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+    num_samples = data.shape[0]
+    return (
+        data.new_empty((num_samples, max_count, *data.shape[2:])),
+        data.new_empty((num_samples,), dtype=torch.int64),
+    )
+
+
+def _bool_compaction_setup(ctx, inputs, output) -> None:
+    data, mask, max_count = inputs
+    ctx.save_for_backward(mask)
+    ctx.max_count = max_count
+    ctx.num_sources = data.shape[1]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _bool_compaction_backward(ctx, grad, grad_counts):
+    (mask,) = ctx.saved_tensors
+    indices, counts = torch.ops.nestbatch.mask_to_indices(mask, ctx.max_count)
+    return _accumulate_rows(grad, indices, counts, ctx.num_sources), None, None
+
+
+bool_compaction_op.register_autograd(
+    _bool_compaction_backward, setup_context=_bool_compaction_setup
+)
+
+
+# The device-agnostic implementation of every operator, by name: what the operator runs on the CPU.
+CPU_IMPLEMENTATIONS = {
+    "packed_to_padded": _packed_to_padded_reference,
+    "padded_to_packed": _padded_to_packed_reference,
+    "fill_padding": _fill_padding_reference,
+    "indexing_access": _indexing_access_reference,
+    "indexing_write": _indexing_write_reference,
+    "inverse_indexing_access": _inverse_indexing_access_reference,
+    "index_mapping": _index_mapping_reference,
+    "mask_to_indices": _mask_to_indices_reference,
+    "indices_to_mask": _indices_to_mask_reference,
+    "bool_compaction": _bool_compaction_reference,
+}
