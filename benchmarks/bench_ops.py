@@ -75,10 +75,12 @@ def run(kind: str, batch: int, mean: int, dim: int, repeats: int, device: torch.
     elsize = torch.finfo(torch.float32).bits // 8
     total, rect = sum(lengths), batch * max(lengths)
     rows = []
-    for name, fn, rows_used in (("nestbatch packed", packed, total),
-                                ("padded + mask", padded_mask, rect),
-                                ("per-sample loop", loop, total),
-                                ("torch.nested jagged", nested, total)):
+    for name, fn, rows_used in (
+        ("nestbatch packed", packed, total),
+        ("padded + mask", padded_mask, rect),
+        ("per-sample loop", loop, total),
+        ("torch.nested jagged", nested, total),
+    ):
         note = ""
         try:
             ms = median_time(fn, repeats, device)
@@ -96,8 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     batch, mean, dim, repeats = (64, 32, 64, 5) if args.quick else (256, 128, 256, 20)
-    print(f"B={batch}, median length {mean}, features {dim}, device {device}, "
-          "forward + backward")
+    print(f"B={batch}, median length {mean}, features {dim}, device {device}, forward + backward")
     print("| lengths | variant | time (ms) | activation memory (KiB) | note |")
     print("|---|---|---|---|---|")
     for kind in ("uniform", "longtail"):

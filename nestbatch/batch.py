@@ -22,6 +22,7 @@ from nestbatch._validation import (
     check_tensor,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
+from nestbatch.ops.common import storage_dim
 from nestbatch.ops.tensor_methods import TensorMethods  # light: ops load on first dispatch
 
 _PADDED_ANY = object()  # cache key of a padded layout whose filler is unspecified
@@ -38,6 +39,12 @@ class NestedBatch(TensorMethods):
     layout : RaggedLayout
         The layout the batch is stored in (a :class:`~nestbatch.layouts.Packed`,
         :class:`~nestbatch.layouts.Padded` or :class:`~nestbatch.layouts.TensorList`).
+    ragged_dim : int, default 1
+        Logical position of the ragged dim, for a batch with one ragged dim (as
+        ``torch.nested``'s jagged ``_ragged_idx``): ``x.transpose(1, 2)`` of samples
+        ``(L_i, H, D)`` presents them as ``(H, L_i, D)`` with ``ragged_dim=2``. Storage never
+        moves: every layout keeps the ragged dim first in each sample, and the stored feature
+        dims are the remaining logical dims in order.
 
     Notes
     -----
@@ -49,11 +56,13 @@ class NestedBatch(TensorMethods):
     was built from.
     """
 
-    def __init__(self, layout: RaggedLayout) -> None:
+    def __init__(self, layout: RaggedLayout, ragged_dim: int = 1) -> None:
         if not isinstance(layout, RaggedLayout):
             raise TypeError(
                 f"layout must be a Packed, Padded or TensorList, got {type(layout).__name__}"
             )
+        _check_ragged_dim(layout, ragged_dim)
+        self._ragged_dim = int(ragged_dim)
         self._primary = layout
         self._partition = layout.partition
         self._cache: dict[Any, RaggedLayout] = {}
@@ -244,6 +253,12 @@ class NestedBatch(TensorMethods):
 
         return RaggedBatch.from_nested_batch(self)
 
+    def _require_leading_ragged(self, what: str) -> None:
+        if self._ragged_dim != 1:
+            from nestbatch.ops.common import moved_ragged_error
+
+            raise moved_ragged_error(self, what)
+
     # ============================================================================ layouts
     def _remember(self, layout: RaggedLayout) -> None:
         if isinstance(layout, Padded):
@@ -267,7 +282,11 @@ class NestedBatch(TensorMethods):
         return tuple(kind for kind in Layout if kind in kinds)
 
     def packed(self) -> Packed:
-        """The batch as :class:`~nestbatch.layouts.Packed` (converted once, then cached)."""
+        """The batch as :class:`~nestbatch.layouts.Packed` (converted once, then cached).
+
+        In stored order: the ragged dim is first in every sample whatever :attr:`ragged_dim`
+        is, and the feature dims are the other logical dims in order.
+        """
         if Layout.PACKED not in self._cache:
             self._cache[Layout.PACKED] = convert.to_packed(self._best_source(Layout.PACKED))
         return self._cache[Layout.PACKED]
@@ -278,6 +297,9 @@ class NestedBatch(TensorMethods):
         max_shape: Sequence[int | None] | None = None,
     ) -> Padded:
         """The batch as :class:`~nestbatch.layouts.Padded` (converted once, then cached).
+
+        In stored order, ``(B, max_len, *feature_shape)`` whatever :attr:`ragged_dim` is (see
+        :meth:`to_padded` for the logical order).
 
         Parameters
         ----------
@@ -309,8 +331,16 @@ class NestedBatch(TensorMethods):
         return self._cache[Layout.LIST]
 
     def tolist(self) -> list[Tensor]:
-        """The samples as a list of tensors (views into the stored data where possible)."""
-        return list(self.tensor_list().tensors)
+        """The samples as a list of tensors (views into the stored data where possible).
+
+        In logical order: with the ragged dim at :attr:`ragged_dim` (a view of the stored
+        sample).
+        """
+        return [self._logical(t) for t in self.tensor_list().tensors]
+
+    def _logical(self, sample: Tensor) -> Tensor:
+        # A stored sample (ragged dim first) as the logical one: a view, no copy.
+        return sample if self._ragged_dim == 1 else sample.movedim(0, self._ragged_dim - 1)
 
     def _best_source(self, target: Layout) -> RaggedLayout:
         # Conversions between list and padded go through packed rows; prefer a cached packed
@@ -343,9 +373,28 @@ class NestedBatch(TensorMethods):
         return self._partition.num_ragged_dims
 
     @property
+    def ragged_dim(self) -> int:
+        """Logical dim of the ragged dim (1 unless moved by ``transpose`` / ``permute``).
+
+        Always 1 for a batch with several ragged dims (they stay leading, dims ``1..k``).
+        """
+        return self._ragged_dim
+
+    @property
     def feature_shape(self) -> torch.Size:
-        """Shape of the regular dims after the ragged ones."""
+        """Shape of the stored regular dims (the logical dims other than the batch and ragged
+        ones, in order; those after the ragged dims when :attr:`ragged_dim` is 1)."""
         return torch.Size(self._primary.feature_shape)
+
+    @property
+    def sample_shape(self) -> tuple[int | None, ...]:
+        """Logical shape of every sample, ``None`` at ragged dims: ``(4, None, 8)`` for samples
+        ``(4, L_i, 8)`` (``ragged_dim=2``)."""
+        feature = tuple(self.feature_shape)
+        if self.num_ragged_dims > 1:
+            return (None,) * self.num_ragged_dims + feature
+        at = self._ragged_dim - 1
+        return feature[:at] + (None,) + feature[at:]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -389,12 +438,14 @@ class NestedBatch(TensorMethods):
 
     @property
     def values(self) -> Tensor:
-        """``(total, *feature)``: the packed rows of all samples."""
+        """``(total, *feature)``: the packed rows of all samples (stored order: the ragged dim
+        first, whatever :attr:`ragged_dim` is)."""
         return self.packed().values
 
     @property
     def mask(self) -> Tensor:
-        """``(B, *padded_shape)`` bool: True on padded slots that hold sample elements."""
+        """``(B, *padded_shape)`` bool: True on padded slots that hold sample elements (over the
+        stored padded data, whose ragged dims follow the batch dim)."""
         return self.padded(None).mask
 
     def dim(self) -> int:
@@ -407,7 +458,7 @@ class NestedBatch(TensorMethods):
         return self.dim()
 
     def size(self, dim: int | None = None) -> int:
-        """Size of a regular dim: 0 (the batch) or a feature dim.
+        """Size of a regular dim (logical): 0 (the batch) or a feature dim.
 
         Raises
         ------
@@ -426,15 +477,16 @@ class NestedBatch(TensorMethods):
         if not -ndim <= dim < ndim:
             raise IndexError(f"dim {dim} out of range for a batch with {ndim} dims")
         dim %= ndim
-        if dim == 0:
+        kind, stored = storage_dim(self, dim)
+        if kind == "batch":
             return self.batch_size
-        if dim <= self.num_ragged_dims:
+        if kind == "ragged":
             if dim == 1 and _asked_by_time_major_rnn():
                 return self.batch_size
             raise ValueError(
                 f"dim {dim} is ragged and has no single size; use .lengths or .shape_per_sample"
             )
-        return self.feature_shape[dim - 1 - self.num_ragged_dims]
+        return self.feature_shape[stored - 1]
 
     # ============================================================================ tensor surface
     def _map_primary(
@@ -444,11 +496,13 @@ class NestedBatch(TensorMethods):
         """New batch whose primary layout's tensors are ``fn`` of this one's."""
         layout = self._primary
         partition = partition or layout.partition
+        rd = self._ragged_dim
         if isinstance(layout, Packed):
-            return NestedBatch(Packed(fn(layout.values), partition=partition))
+            return NestedBatch(Packed(fn(layout.values), partition=partition), rd)
         if isinstance(layout, Padded):
             filler = layout.padding_value if keeps_filler else None
-            return NestedBatch(Padded(fn(layout.data), partition=partition, padding_value=filler))
+            padded = Padded(fn(layout.data), partition=partition, padding_value=filler)
+            return NestedBatch(padded, rd)
         tensors = [fn(t) for t in layout.tensors]
         return NestedBatch(
             TensorList(
@@ -457,8 +511,18 @@ class NestedBatch(TensorMethods):
                 feature_shape=layout.feature_shape,
                 dtype=tensors[0].dtype if tensors else layout.dtype,
                 partition=partition,
-            )
+            ),
+            rd,
         )
+
+    def _with_ragged_dim(self, ragged_dim: int) -> NestedBatch:
+        """The same stored data and cached layouts presented with the ragged dim at
+        ``ragged_dim`` (shares the cache, so conversions made through either serve both)."""
+        if ragged_dim == self._ragged_dim:
+            return self
+        out = NestedBatch(self._primary, ragged_dim)
+        out._cache = self._cache
+        return out
 
     def to(self, *args: Any, **kwargs: Any) -> NestedBatch:
         """Another layout (``to(Layout.PADDED)``), or another device / dtype, as ``Tensor.to``.
@@ -467,7 +531,7 @@ class NestedBatch(TensorMethods):
         here); ``to(device, dtype, ...)`` converts the data like :meth:`torch.Tensor.to`.
         """
         if len(args) == 1 and not kwargs and isinstance(args[0], Layout):
-            return NestedBatch(self._layout_object(args[0]))
+            return NestedBatch(self._layout_object(args[0]), self._ragged_dim)
         probe = torch.empty(0, dtype=self.dtype, device=self.device).to(*args, **kwargs)
         if probe.dtype == self.dtype and probe.device == self.device and not kwargs.get("copy"):
             return self
@@ -540,8 +604,12 @@ class NestedBatch(TensorMethods):
             return None
         return self._map_primary(lambda t: t.grad, keeps_filler=False)
 
-    def with_values(self, values: Tensor) -> NestedBatch:
-        """A batch of the same structure with new packed ``values (total, *feature)``."""
+    def with_values(self, values: Tensor, ragged_dim: int | None = None) -> NestedBatch:
+        """A batch of the same structure with new packed ``values (total, *feature)``.
+
+        ``values`` are in stored order (as :attr:`values`); the result presents the ragged dim
+        at ``ragged_dim`` (default: this batch's :attr:`ragged_dim`).
+        """
         check_tensor(values, "values")
         total = self._partition.total
         if values.dim() < 1 or values.shape[0] != total:
@@ -549,37 +617,40 @@ class NestedBatch(TensorMethods):
                 f"values must have {total} rows (one per packed row), got shape "
                 f"{tuple(values.shape)}"
             )
-        return NestedBatch(Packed(values, partition=self._partition.to(values.device)))
+        packed = Packed(values, partition=self._partition.to(values.device))
+        return NestedBatch(packed, self._ragged_dim if ragged_dim is None else ragged_dim)
 
     def map_values(self, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
         """Apply ``fn`` to the packed values (TF ``map_flat_values``); keeps the structure."""
         return self.with_values(fn(self.values))
 
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
-        """The samples, as views into the stored data (as ``torch.nested``'s ``unbind``)."""
+        """The samples in logical order, as views into the stored data (as ``torch.nested``'s
+        ``unbind``)."""
         if dim != 0:
             raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
-        return tuple(self.tensor_list().tensors)
+        return tuple(self.tolist())
 
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.unbind())
 
     def sample(self, i: int) -> Tensor:
-        """Sample ``i`` as a view into the stored data (negative ``i`` counts from the end)."""
+        """Sample ``i`` in logical order, a view into the stored data (negative ``i`` counts
+        from the end)."""
         if not -self.batch_size <= i < self.batch_size:
             raise IndexError(f"sample index {i} out of range for batch size {self.batch_size}")
         i %= self.batch_size
         layout = self._primary
         if Layout.LIST in self._cache:
-            return self._cache[Layout.LIST].tensors[i]
+            return self._logical(self._cache[Layout.LIST].tensors[i])
         shape = self._partition.host_shapes[i]
         if isinstance(layout, Packed):
             start, stop = self._partition.host_offsets[i : i + 2]
-            return layout.values[start:stop].view(*shape, *layout.feature_shape)
+            return self._logical(layout.values[start:stop].view(*shape, *layout.feature_shape))
         sample = layout.data[i]
         for d, size in enumerate(shape):
             sample = sample.narrow(d, 0, size)
-        return sample
+        return self._logical(sample)
 
     def __getitem__(self, index: Any) -> Tensor | NestedBatch:
         from nestbatch.selection import getitem
@@ -607,6 +678,7 @@ class NestedBatch(TensorMethods):
         """
         from nestbatch.convert.packed_sequence import packed_to_packed_sequence
 
+        self._require_leading_ragged("to_packed_sequence")
         return packed_to_packed_sequence(self.packed())
 
     @classmethod
@@ -624,6 +696,7 @@ class NestedBatch(TensorMethods):
         """A jagged ``torch.nested`` tensor sharing the packed values (one ragged dim only)."""
         from nestbatch.convert.nested_tensor import packed_to_nested_tensor
 
+        self._require_leading_ragged("to_nested_tensor")
         return packed_to_nested_tensor(self.packed())
 
     @classmethod
@@ -669,21 +742,24 @@ class NestedBatch(TensorMethods):
     def bounding_shape(self) -> Tensor:
         """``(1 + k + f,)`` int64 on the CPU: ``[B, *max ragged sizes, *feature_shape]``.
 
-        The tightest shape every sample fits in (TF ``bounding_shape``); may read the sizes
-        from the device once.
+        The tightest shape every sample fits in (TF ``bounding_shape``), in logical order; may
+        read the sizes from the device once.
         """
-        return torch.tensor(
-            [self.batch_size, *self.max_shape, *self.feature_shape], dtype=torch.int64
-        )
+        maxima = iter(self.max_shape)
+        dims = [next(maxima) if size is None else size for size in self.sample_shape]
+        return torch.tensor([self.batch_size, *dims], dtype=torch.int64)
 
     def to_padded(
         self, padding_value: float = 0.0, max_shape: Sequence[int | None] | None = None
     ) -> Tensor:
         """The padded tensor ``(B, *max_shape, *feature)`` (TF ``to_tensor(default_value)``).
 
-        Same as ``padded(padding_value, max_shape).data``; cached when ``max_shape`` is None.
+        In logical order: ``padded(padding_value, max_shape).data`` with the ragged dim moved to
+        :attr:`ragged_dim` (a view); the padded layout itself is cached when ``max_shape`` is
+        None.
         """
-        return self.padded(padding_value, max_shape).data
+        data = self.padded(padding_value, max_shape).data
+        return data if self._ragged_dim == 1 else data.movedim(1, self._ragged_dim)
 
     def to_pylist(self) -> list:
         """The samples as nested Python lists of numbers (TF ``to_list``)."""
@@ -706,10 +782,10 @@ class NestedBatch(TensorMethods):
 
     def __getstate__(self) -> dict:
         # Only the primary layout travels; other layouts are recomputed on demand.
-        return {"primary": self._primary}
+        return {"primary": self._primary, "ragged_dim": self._ragged_dim}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["primary"])
+        self.__init__(state["primary"], state.get("ragged_dim", 1))
 
     def __repr__(self) -> str:
         return _format_batch(self)
@@ -754,6 +830,21 @@ def _asked_by_time_major_rnn() -> bool:
     )
 
 
+def _check_ragged_dim(layout: RaggedLayout, ragged_dim: int) -> None:
+    if not isinstance(ragged_dim, int) or isinstance(ragged_dim, bool):
+        raise TypeError(f"ragged_dim must be an int, got {type(ragged_dim).__name__}")
+    if ragged_dim == 1:
+        return
+    if layout.num_ragged_dims != 1:
+        raise ValueError(
+            f"ragged_dim={ragged_dim}: a batch with {layout.num_ragged_dims} ragged dims keeps "
+            "them leading (dims 1..k); only a batch with one ragged dim can move it"
+        )
+    last = 1 + len(layout.feature_shape)
+    if not 1 <= ragged_dim <= last:
+        raise ValueError(f"ragged_dim={ragged_dim} out of range [1, {last}] for this batch")
+
+
 def _kind(layout: RaggedLayout) -> Layout:
     if isinstance(layout, Packed):
         return Layout.PACKED
@@ -768,6 +859,8 @@ def _format_batch(batch: NestedBatch, max_samples: int = 6) -> str:
         f"feature_shape={tuple(batch.feature_shape)}, dtype={batch.dtype}, "
         f"device={batch.device}, layout={batch.layout.value}"
     )
+    if batch.ragged_dim != 1:
+        header += f", ragged_dim={batch.ragged_dim}, sample_shape={batch.sample_shape}"
     if batch.requires_grad:
         header += ", requires_grad=True"
     shown = min(batch.batch_size, max_samples)

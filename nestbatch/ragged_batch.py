@@ -960,7 +960,9 @@ class RaggedBatch:
         Returns
         -------
         RaggedBatch
-            ``(B, max_length, *feature)`` with ``non_uniform_dim == 1``.
+            ``(B, max_length, *feature)`` with ``non_uniform_dim == 1``; for a batch whose
+            ragged dim was moved, the padded data in logical order (a view) with
+            ``non_uniform_dim == nb.ragged_dim``.
         """
         if nb.num_ragged_dims != 1:
             raise ValueError(f"nb must have exactly one ragged dim, got {nb.num_ragged_dims}")
@@ -969,4 +971,5 @@ class RaggedBatch:
         max_len = nb.max_shape[0] if data.shape[0] > 0 else 0
         if data.shape[1] != max_len:
             data = data.narrow(1, 0, max_len)
-        return cls(data, sample_sizes=padded.lengths, non_uniform_dim=1)
+        data = data.movedim(1, nb.ragged_dim)
+        return cls(data, sample_sizes=padded.lengths, non_uniform_dim=nb.ragged_dim)

@@ -9,6 +9,10 @@
   slices);
 * an integer on a ragged dim is refused: the element may exist in some samples and not in others
   (TF refuses it for the same reason).
+
+Positions are logical: when the ragged dim was moved (:attr:`~nestbatch.NestedBatch.ragged_dim`),
+the entry at its position slices it and the others index the stored feature dims; an integer on
+a feature dim before the ragged dim moves the ragged dim down by one.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     head, rest = index[0], index[1:]
     if _is_integer(head):
         return batch.sample(int(head))[rest] if rest else batch.sample(int(head))
+    if batch.ragged_dim != 1:
+        return _getitem_moved(batch, head, rest)
     if not (isinstance(head, slice) and head == slice(None)):
         batch = select_samples(batch, batch_index_tensor(head, batch.batch_size))
     k = batch.num_ragged_dims
@@ -52,6 +58,17 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
                 )
         batch = batch.with_values(batch.values[(slice(None), *features)])
     return batch
+
+
+def _getitem_moved(batch: NestedBatch, head: Any, rest: tuple) -> NestedBatch:
+    """``batch[head, *rest]`` for a batch whose one ragged dim is at logical dim ``r > 1``:
+    the index is reordered to stored order, applied, and the ragged dim placed back."""
+    at = batch.ragged_dim - 1  # position of the ragged entry in ``rest``
+    rest = rest + (slice(None),) * max(0, at + 1 - len(rest))
+    before, ragged, after = rest[:at], rest[at], rest[at + 1 :]
+    dropped = sum(1 for entry in before if _is_integer(entry))
+    stored = batch._with_ragged_dim(1)[(head, ragged, *before, *after)]
+    return stored._with_ragged_dim(batch.ragged_dim - dropped)
 
 
 def _is_integer(entry: Any) -> bool:

@@ -247,3 +247,13 @@ def test_more_than_2_31_elements():
     del values
     packed = kernels.padded_to_packed(padded, offsets, total)
     assert int(packed[:, 0].sum()) == total - 1 and not bool(packed[-1].any())
+
+
+def test_dtypes_outside_the_kernels_fall_back_on_cuda():
+    # complex64 is outside the kernels' dtype dispatch: the operators run the PyTorch path.
+    values = torch.randn(7, 3, dtype=torch.complex64, device="cuda")
+    offsets = torch.tensor([0, 4, 4, 7], device="cuda")
+    padded = ops.packed_to_padded(values, offsets, 5, 0)
+    assert padded.shape == (3, 5, 3) and padded.dtype == torch.complex64
+    assert torch.equal(padded[0, :4], values[:4]) and torch.equal(padded[2, :3], values[4:])
+    assert torch.equal(ops.padded_to_packed(padded, offsets, 7), values)

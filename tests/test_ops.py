@@ -269,8 +269,11 @@ def test_shape_ops():
     assert torch.randn_like(x).partition is x.partition
     with pytest.raises(ValueError, match="ragged dim 1"):
         x.reshape(3, 4, 12)
-    with pytest.raises(ValueError, match="stay leading"):
-        x.transpose(1, 2)
+    moved = x.transpose(1, 2)  # the ragged dim moves, as torch.nested jagged's _ragged_idx
+    assert moved.ragged_dim == 2
+    _close(moved.tolist(), [s.transpose(0, 1) for s in samples])
+    with pytest.raises(ValueError, match="must stay in place"):
+        x.transpose(0, 1)
     y = nestbatch.nested([torch.randn(2, 3), torch.randn(3, 3)])
     torch.testing.assert_close(torch.select(y, 1, -1), torch.stack([s[-1] for s in y.tolist()]))
 

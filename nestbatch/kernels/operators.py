@@ -55,9 +55,23 @@ def _define(name: str, reference_impl):
     @op.register_kernel("cuda")
     def _(*args):
         ops = _compiled()
-        return reference_impl(*args) if ops is None else getattr(ops, name)(*args)
+        if ops is None or not _kernels_cover(args):
+            return reference_impl(*args)
+        return getattr(ops, name)(*args)
 
     return op
+
+
+# What the kernels' dtype dispatch covers (AT_ALL_TYPES plus Half, BFloat16 and Bool); other
+# dtypes (complex, unsigned 16-64 bit, float8) run the PyTorch implementation on the GPU.
+_KERNEL_DTYPES = frozenset({
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+})
+
+
+def _kernels_cover(args: tuple) -> bool:
+    return all(a.dtype in _KERNEL_DTYPES for a in args if isinstance(a, Tensor))
 
 
 def _partition(offsets: Tensor, max_len: int, total: int):

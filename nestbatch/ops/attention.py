@@ -6,6 +6,11 @@ share their row structure; queries may have other lengths. It runs once on zero-
 a key mask, so every sample attends to its own keys only and the result per sample equals
 running the sample alone (``is_causal`` aligns the causal mask at the top left, as torch does).
 A sample with no keys gets zeros, as torch gives for an empty key sequence.
+
+Samples ``(H, L_i, E)`` are the ``torch.nested`` jagged layout ``(B, H, j, E)``: build them with
+``x.transpose(1, 2)`` of ``(L_i, H, E)`` samples (``ragged_dim == 2``). The result per sample is
+then exactly torch's attention of that sample, and it keeps ``ragged_dim == 2``. The stored data
+is the same ``(B, L, H, E)`` in both cases, so both run the same kernel.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from nestbatch.ops.registry import register
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-@register(F.scaled_dot_product_attention, layouts=(Layout.PADDED,))
+@register(F.scaled_dot_product_attention, layouts=(Layout.PADDED,), moved_ragged=True)
 def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     params = dict(zip(_NAMES, args)) | kwargs
     q, k, v = params.pop("query"), params.pop("key"), params.pop("value")
@@ -39,6 +44,14 @@ def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
                 f"{name} must have samples (L, E) or (L, H, E) with one ragged dim, got "
                 f"{x.num_ragged_dims} ragged dims and feature shape {tuple(x.feature_shape)}"
             )
+    if len({x.ragged_dim for x in (q, k, v)}) > 1 or q.ragged_dim > 2 or (
+        q.ragged_dim == 2 and len(q.feature_shape) != 2
+    ):
+        raise ValueError(
+            "scaled_dot_product_attention: query, key and value must all be (B, L, E) / "
+            "(B, L, H, E) batches (ragged_dim 1) or all (B, H, L, E) batches (ragged_dim 2), got "
+            f"ragged dims {q.ragged_dim}, {k.ragged_dim}, {v.ragged_dim}"
+        )
     check_same_structure(k, v, "key and value")
     causal = bool(params.pop("is_causal", False))
     qd, kd, vd = (x.padded(0.0).data for x in (q, k, v))
@@ -50,7 +63,7 @@ def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, **params)
     if heads:
         out = out.transpose(1, 2)
-    return wrap_padded(out, q.padded(0.0).partition)
+    return wrap_padded(out, q.padded(0.0).partition, q.ragged_dim)
 
 
 def _key_mask(keys: Any, num_queries: int, causal: bool) -> torch.Tensor:

@@ -9,8 +9,11 @@ The operands of an elementwise op line up with the batch's dims from the right, 
 * another batch must have the same row structure (per-sample ragged shapes); the feature dims
   broadcast as dense dims do.
 
-Anything else raises a ``ValueError`` naming the dim and both sizes (TF: "Unable to broadcast:
-dimension size mismatch"). :func:`packed_operands` turns every operand into a tensor that
+With the ragged dim moved to logical dim ``r > 1`` (:attr:`~nestbatch.NestedBatch.ragged_dim`),
+a dense operand may span only the logical dims after the ragged one (they are the trailing
+stored dims), and another batch must present its ragged dim at the same position with as many
+dims. Anything else raises a ``ValueError`` naming the dim and both sizes (TF: "Unable to
+broadcast: dimension size mismatch"). :func:`packed_operands` turns every operand into a tensor that
 broadcasts against the packed values ``(total, *feature)``.
 """
 
@@ -49,6 +52,8 @@ def packed_operand(x: Any, ref: NestedBatch, nf: int) -> Any:
         A tensor ``(total, *1, *feature)`` for a batch or a per-sample tensor, a tensor over the
         feature dims for a feature tensor, ``x`` itself otherwise.
     """
+    if ref.ragged_dim != 1 or (is_batch(x) and x.ragged_dim != 1):
+        _check_moved_operand(x, ref)
     if is_batch(x):
         check_same_structure(ref, x, "the two batches of an elementwise op")
         values = x.values
@@ -57,6 +62,26 @@ def packed_operand(x: Any, ref: NestedBatch, nf: int) -> Any:
     if isinstance(x, Tensor) and x.dim() > nf:
         return _dense_per_sample(x, ref, nf)
     return x
+
+
+def _check_moved_operand(x: Any, ref: NestedBatch) -> None:
+    # Stored dims line up with logical ones from the right only after the ragged dim.
+    if is_batch(x):
+        if x.ragged_dim != ref.ragged_dim or x.dim() != ref.dim():
+            raise ValueError(
+                "Unable to broadcast: the two batches of an elementwise op present their ragged "
+                f"dims at different positions (dim {ref.ragged_dim} of {ref.dim()} and dim "
+                f"{x.ragged_dim} of {x.dim()}); transpose them to the same layout first"
+            )
+        return
+    trailing = ref.dim() - 1 - ref.ragged_dim
+    if isinstance(x, Tensor) and x.dim() > trailing:
+        raise ValueError(
+            f"Unable to broadcast: a dense tensor of shape {tuple(x.shape)} would reach the "
+            f"ragged dim at logical dim {ref.ragged_dim} (only the {trailing} dim(s) after it "
+            f"broadcast); transpose the ragged dim back to dim 1 first (e.g. "
+            f"x.transpose(1, {ref.ragged_dim}))"
+        )
 
 
 def _dense_per_sample(x: Tensor, ref: NestedBatch, nf: int) -> Tensor:

@@ -2,7 +2,10 @@
 
 A batch has dim 0 = the batch, dims ``1..k`` ragged (``k = num_ragged_dims``), then the feature
 dims. Packed values have shape ``(total, *feature)``, so feature dim ``d`` of the batch is dim
-``d - k`` of the values.
+``d - k`` of the values. A batch with one ragged dim may present it at another logical position
+(:attr:`~nestbatch.NestedBatch.ragged_dim`, after a ``transpose``) while storage keeps it first;
+:func:`storage_dim` maps a logical dim to where it is stored, and every op interprets dims
+through it (:func:`dim_kind`, :func:`values_dim`).
 """
 
 from __future__ import annotations
@@ -75,16 +78,52 @@ def normalize_dim(batch: NestedBatch, dim: int, name: str = "dim") -> int:
     return dim % ndim
 
 
+def storage_dim(batch: NestedBatch, dim: int) -> tuple[str, int]:
+    """Where logical ``dim`` (normalized) of ``batch`` is stored.
+
+    Returns
+    -------
+    kind : str
+        ``"batch"``, ``"ragged"`` or ``"feature"``.
+    stored : int
+        0 for the batch; for a ragged dim its dim in the padded data ``(B, *padded, *feature)``
+        (``1..k``); for a feature dim its dim in the packed values ``(total, *feature)``.
+    """
+    if dim == 0:
+        return "batch", 0
+    k, ragged = batch.num_ragged_dims, batch.ragged_dim
+    if k > 1:
+        return ("ragged", dim) if dim <= k else ("feature", dim - k)
+    if dim == ragged:
+        return "ragged", 1
+    # Stored feature dims are in logical order, with the ragged position skipped.
+    return "feature", dim if dim < ragged else dim - 1
+
+
+def logical_dim(batch: NestedBatch, stored: int) -> int:
+    """The logical dim of the batch that is dim ``stored >= 1`` of the packed values."""
+    if batch.num_ragged_dims > 1:
+        return stored + batch.num_ragged_dims
+    return stored if stored < batch.ragged_dim else stored + 1
+
+
 def dim_kind(batch: NestedBatch, dim: int) -> str:
     """``"batch"``, ``"ragged"`` or ``"feature"`` for a normalized ``dim``."""
-    if dim == 0:
-        return "batch"
-    return "ragged" if dim <= batch.num_ragged_dims else "feature"
+    return storage_dim(batch, dim)[0]
 
 
 def values_dim(batch: NestedBatch, dim: int) -> int:
     """The dim of the packed values that is feature ``dim`` (normalized) of the batch."""
-    return dim - batch.num_ragged_dims
+    return storage_dim(batch, dim)[1]
+
+
+def moved_ragged_error(batch: NestedBatch, what: str, detail: str = "") -> ValueError:
+    """The error of an op that cannot run with the ragged dim where ``batch`` presents it."""
+    extra = f" ({detail})" if detail else ""
+    return ValueError(
+        f"{what} is not supported with the ragged dim at logical dim {batch.ragged_dim}{extra}; "
+        f"transpose the ragged dim back to dim 1 first (e.g. x.transpose(1, {batch.ragged_dim}))"
+    )
 
 
 def check_same_structure(a: NestedBatch, b: NestedBatch, what: str = "batches") -> None:
@@ -120,11 +159,11 @@ def _describe_shapes(partition: RowPartition) -> str:
     return f"shape_per_sample={shapes.tolist()}"
 
 
-def wrap_padded(data: Tensor, partition: RowPartition) -> NestedBatch:
-    """A batch over padded ``data`` whose padding holds no particular value."""
+def wrap_padded(data: Tensor, partition: RowPartition, ragged_dim: int = 1) -> NestedBatch:
+    """A batch over padded ``data`` (stored order) whose padding holds no particular value."""
     from nestbatch.batch import NestedBatch
 
-    return NestedBatch(Padded(data, partition=partition, padding_value=None))
+    return NestedBatch(Padded(data, partition=partition, padding_value=None), ragged_dim)
 
 
 def fill_value_for(dtype: torch.dtype, kind: str) -> float | int | bool:
@@ -168,7 +207,7 @@ def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
     elif hasattr(primary, "values"):
         primary.values.copy_(values)
     else:
-        for tensor, new in zip(primary.tensors, result.tolist()):
+        for tensor, new in zip(primary.tensors, result.tensor_list().tensors):
             tensor.copy_(new)
     # Other layouts were computed from the old values; only the primary one stays valid.
     batch._cache.clear()

@@ -6,6 +6,9 @@ so no compute is spent on padding; operands broadcast as in
 operand (``x.exp()``, ``x * 2``), it runs on the padded data instead and the result stays padded
 (its padding then holds no particular value: ``exp(0) = 1``).
 
+A batch whose ragged dim was moved (:attr:`~nestbatch.NestedBatch.ragged_dim`) keeps it there;
+the broadcasting rules for it are in :mod:`nestbatch.ops.broadcasting`.
+
 In-place forms (``add_``, ``x += y``, ``clamp_``, ...) compute the result out of place and write
 it into the batch's stored layout (see :func:`nestbatch.ops.common.replace_storage`).
 """
@@ -74,7 +77,7 @@ def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         padded = ref.padded(None)
         new_args = tuple(padded.data if a is ref else a for a in args)
         new_kwargs = {key: padded.data if v is ref else v for key, v in kwargs.items()}
-        return wrap_padded(func(*new_args, **new_kwargs), padded.partition)
+        return wrap_padded(func(*new_args, **new_kwargs), padded.partition, ref.ragged_dim)
     nf = feature_ndim(batches)
     new_args = [packed_operand(a, ref, nf) for a in args]
     new_kwargs = {key: packed_operand(v, ref, nf) for key, v in kwargs.items()}
@@ -100,7 +103,7 @@ def _out_of_place(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 @register(*torch_funcs(*UNARY, *BINARY), *(getattr(torch.Tensor, d) for d in DUNDERS),
-          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
 def _elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if func is torch.where and len(args) + len(kwargs) == 1:
         raise ValueError(
@@ -117,7 +120,7 @@ _INPLACE = tuple(
 ) + tuple(getattr(torch.Tensor, name) for name in INPLACE_DUNDERS if hasattr(torch.Tensor, name))
 
 
-@register(*_INPLACE, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+@register(*_INPLACE, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
 def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     base, target = _out_of_place(func, args, kwargs)
     result = elementwise(Layout.PACKED, base, args, kwargs)
@@ -126,18 +129,21 @@ def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -
 
 @register(*torch_funcs("empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
                        "randn_like", "randint_like"),
-          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
 def _like(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """A new batch of the same structure, the ``*_like`` of the packed values (or padded data)."""
     batch = first_batch(args)
     if layout is Layout.PADDED:
         padded = batch.padded(None)
-        return wrap_padded(func(padded.data, *args[1:], **kwargs), padded.partition)
+        return wrap_padded(
+            func(padded.data, *args[1:], **kwargs), padded.partition, batch.ragged_dim
+        )
     return batch.with_values(func(batch.values, *args[1:], **kwargs))
 
 
 @register(torch.clone, torch.detach, torch.Tensor.contiguous, torch.Tensor.clone,
-          torch.Tensor.detach, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED))
+          torch.Tensor.detach, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
+          moved_ragged=True)
 def _copy(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``clone`` / ``detach`` / ``contiguous`` of the stored layout (structure kept)."""
     batch = args[0]

@@ -3,9 +3,15 @@
 * batch ``@`` dense: the samples' last feature dim contracts with the dense operand, on the
   packed values ``(total, *feature) @ w`` (as ``nn.Linear`` does; no padding).
 * dense ``@`` batch: needs two feature dims (the matrix dims of every sample are features).
-* batch ``@`` batch (``bmm``): samples are matrices ``(p_i, q_i) @ (q_i, s_i)``. Runs as one
-  ``bmm`` on zero-padded data (zeros in the contracted dim add nothing); the result's ragged
-  dims are ``p_i`` and, when the right operand has two ragged dims, ``s_i``.
+* batch ``@`` batch of the same row structure whose samples are ``(L_i, *, n, m) @ (L_i, *, m,
+  p)``, the ragged dim(s) among the leading dims (at the same logical position in both): one
+  ``matmul`` of the packed values, same structure out.
+* batch ``@`` batch (``bmm``) of 3-d batches, samples ``(r_i, c_i) @ (c_i, s_i)`` where any of
+  the two matrix dims of either operand may be ragged (a right operand ``(B, m, p_i)`` is a
+  transposed batch, ``ragged_dim == 2``). Runs as one ``bmm`` on zero-padded data (zeros in the
+  contracted dim add nothing). The result is a batch whose ragged dims are those of ``r`` and
+  ``s`` (``(B, n_i, p_i)`` has two; ``(B, n, p_i)`` has ``ragged_dim == 2``), or a dense
+  ``(B, n, p)`` tensor when neither is ragged (contracting over the ragged dim).
 """
 
 from __future__ import annotations
@@ -17,7 +23,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.layouts import Layout, RowPartition
-from nestbatch.ops.common import PACKED_OR_PADDED, is_batch, wrap_padded
+from nestbatch.ops.common import (
+    PACKED_OR_PADDED,
+    check_same_structure,
+    dim_kind,
+    is_batch,
+    moved_ragged_error,
+    wrap_padded,
+)
 from nestbatch.ops.registry import register
 
 if TYPE_CHECKING:
@@ -25,7 +38,8 @@ if TYPE_CHECKING:
 
 
 @register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
-          torch.bmm, torch.Tensor.bmm, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+          torch.bmm, torch.Tensor.bmm, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
+          moved_ragged=True)
 def _matmul(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     a, b = args[0], args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
     if func is torch.Tensor.__rmatmul__:
@@ -40,6 +54,10 @@ def _matmul(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 def _batch_at_dense(a: NestedBatch, w: Tensor) -> NestedBatch:
     if not a.feature_shape:
         raise ValueError("matmul of a batch with a dense tensor needs a feature dim in the batch")
+    if dim_kind(a, a.dim() - 1) != "feature":
+        raise moved_ragged_error(a, "batch @ dense", "it contracts the last dim, which is ragged")
+    if a.ragged_dim != 1 and w.dim() > 2:
+        raise moved_ragged_error(a, "batch @ dense", "a batched dense operand")
     if w.dim() > 1 + len(a.feature_shape):
         raise ValueError(
             f"matmul: the dense operand has shape {tuple(w.shape)}, more dims than a sample's "
@@ -55,47 +73,131 @@ def _dense_at_batch(w: Tensor, b: NestedBatch) -> NestedBatch:
             "dense @ batch contracts a sample's second-to-last dim, which must be a feature dim: "
             f"the batch has feature shape {tuple(b.feature_shape)}"
         )
+    if not _matrix_dims_are_features(b) or (b.ragged_dim != 1 and w.dim() > 2):
+        raise moved_ragged_error(b, "dense @ batch", "its matrix dims must be feature dims")
     return b.with_values(torch.matmul(w, b.values))
 
 
-def batch_matmul(a: NestedBatch, b: NestedBatch) -> NestedBatch:
-    """Per-sample ``a_i @ b_i`` for batches of matrices (3 dims each).
+def _matrix_dims_are_features(x: NestedBatch) -> bool:
+    return x.dim() >= 3 and all(dim_kind(x, x.dim() - i) == "feature" for i in (1, 2))
 
-    Checks that every sample's contracted sizes agree (reads the shapes from the device when
-    they are not known on the host).
+
+def batch_matmul(a: NestedBatch, b: NestedBatch) -> NestedBatch | Tensor:
+    """Per-sample ``a_i @ b_i`` (see the module docstring for the supported cases).
+
+    Checks that every sample's contracted sizes agree: on the host when both batches know their
+    sizes there, otherwise by reading them from the device (a sync).
 
     Raises
     ------
     ValueError
-        If either batch is not 3-d, the batch sizes differ, or a contracted size differs.
+        If the batch sizes differ, a contracted size differs, or the operands are neither
+        same-structure batches of matrices nor 3-d batches.
     """
-    if a.dim() != 3 or b.dim() != 3:
-        raise ValueError(
-            f"matmul of two batches needs samples that are matrices (3-d batches), got "
-            f"{a.dim()}-d and {b.dim()}-d"
-        )
     if a.batch_size != b.batch_size:
         raise ValueError(f"matmul: batch sizes differ ({a.batch_size} and {b.batch_size})")
-    inner_a = _sizes(a, 1)
-    inner_b = b.shape_per_sample[:, 0]
-    if not torch.equal(inner_a, inner_b.to(inner_a.device)):
+    if _same_leading_structure(a, b):
+        check_same_structure(a, b, "matmul operands with ragged leading dims")
+        return a.with_values(torch.matmul(a.values, b.values))
+    if a.dim() != 3 or b.dim() != 3:
         raise ValueError(
-            f"matmul: contracted sizes differ per sample: {inner_a.tolist()} (left) and "
-            f"{inner_b.tolist()} (right)"
+            f"matmul of two batches needs samples that are matrices (3-d batches), or samples "
+            f"(L_i, *, n, m) @ (L_i, *, m, p) of the same structure with the ragged dim at the "
+            f"same position among the leading dims; got {a.dim()}-d (ragged_dim "
+            f"{a.ragged_dim}) and {b.dim()}-d (ragged_dim {b.ragged_dim})"
         )
-    left, right = a.padded(0.0).data, b.padded(0.0).data
+    left, rows, inner_a = _matrices(a)
+    right, inner_b, cols = _matrices(b)
+    _check_inner(a, inner_a, left.shape[2], b, inner_b, right.shape[1])
     inner = max(left.shape[2], right.shape[1])
     left = F.pad(left, (0, inner - left.shape[2]))
     right = F.pad(right, (0, 0, 0, inner - right.shape[1]))
     out = torch.bmm(left, right)
-    rows = a.shape_per_sample[:, :1]
-    shapes = rows if b.num_ragged_dims == 1 else torch.cat([rows, b.shape_per_sample[:, 1:]], 1)
-    return wrap_padded(out, RowPartition.from_shapes(shapes))
+    return _matmul_result(out, a, rows, b, cols)
 
 
-def _sizes(batch: NestedBatch, i: int) -> Tensor:
-    # Size of dim i + 1 of every sample (ragged: per sample; feature: repeated).
-    if i < batch.num_ragged_dims:
-        return batch.shape_per_sample[:, i]
-    size = batch.feature_shape[i - batch.num_ragged_dims]
-    return torch.full((batch.batch_size,), size, dtype=torch.int64, device=batch.device)
+def _same_leading_structure(a: NestedBatch, b: NestedBatch) -> bool:
+    # Ragged dims among the leading (broadcast) dims, at the same place, matrix dims regular.
+    return (
+        a.num_ragged_dims == b.num_ragged_dims
+        and a.ragged_dim == b.ragged_dim
+        and a.dim() == b.dim() >= 2 + a.num_ragged_dims + a.ragged_dim
+        and _matrix_dims_are_features(a)
+        and _matrix_dims_are_features(b)
+    )
+
+
+def _matrices(x: NestedBatch) -> tuple[Tensor, int | None, int | None]:
+    """Zero-padded ``(B, rows, cols)`` of a 3-d batch in logical order, and the column of
+    ``shape_per_sample`` holding the sizes of its rows and of its columns (None: regular)."""
+    data = x.padded(0.0).data
+    if x.num_ragged_dims == 2:
+        return data, 0, 1
+    if x.ragged_dim == 1:
+        return data, 0, None
+    return data.transpose(1, 2), None, 0
+
+
+def _sizes(x: NestedBatch, column: int | None, width: int) -> Tensor:
+    if column is None:
+        return torch.full((x.batch_size,), width, dtype=torch.int64, device=x.device)
+    return x.shape_per_sample[:, column]
+
+
+def _host_sizes(x: NestedBatch, column: int | None, width: int) -> list[int] | None:
+    if column is None:
+        return [width] * x.batch_size
+    if not x.partition.knows_host_shapes:
+        return None
+    return [shape[column] for shape in x.partition.host_shapes]
+
+
+def _check_inner(
+    a: NestedBatch, column_a: int | None, width_a: int,
+    b: NestedBatch, column_b: int | None, width_b: int,
+) -> None:
+    if column_a is None and column_b is None:
+        if width_a != width_b:
+            raise ValueError(f"matmul: contracted sizes differ ({width_a} and {width_b})")
+        return
+    if a.partition is b.partition and column_a == column_b:
+        return  # the same ragged dim on both sides
+    left, right = _host_sizes(a, column_a, width_a), _host_sizes(b, column_b, width_b)
+    if left is not None and right is not None:
+        same = left == right
+    else:  # sizes only on the device: one read (a sync); the lists only for the message
+        sizes_a, sizes_b = _sizes(a, column_a, width_a), _sizes(b, column_b, width_b)
+        same = torch.equal(sizes_a, sizes_b.to(sizes_a.device))
+        if not same:
+            left, right = sizes_a.tolist(), sizes_b.tolist()
+    if not same:
+        raise ValueError(
+            f"matmul: contracted sizes differ per sample: {left} (left) and {right} (right)"
+        )
+
+
+def _matmul_result(
+    out: Tensor, a: NestedBatch, rows: int | None, b: NestedBatch, cols: int | None
+) -> NestedBatch | Tensor:
+    """``out (B, R, S)`` as a batch whose ragged dims are the ragged ones among rows / cols."""
+    if rows is None and cols is None:
+        return out
+    if cols is None:
+        return wrap_padded(out, _one_dim_partition(a, rows))
+    if rows is None:
+        # Stored with the ragged dim first: (B, S, R), presented as (B, R, S_i).
+        return wrap_padded(out.transpose(1, 2), _one_dim_partition(b, cols), ragged_dim=2)
+    shapes = torch.stack([a.shape_per_sample[:, rows], b.shape_per_sample[:, cols]], 1)
+    host = None
+    if a.partition.knows_host_shapes and b.partition.knows_host_shapes:
+        host = tuple(
+            (ra[rows], sb[cols]) for ra, sb in zip(a.partition.host_shapes, b.partition.host_shapes)
+        )
+    return wrap_padded(out, RowPartition(shapes, host_shapes=host))
+
+
+def _one_dim_partition(x: NestedBatch, column: int) -> RowPartition:
+    # Reuse the operand's partition (with its host sizes) when it is that one ragged dim.
+    if x.num_ragged_dims == 1:
+        return x.partition
+    return RowPartition.from_shapes(x.shape_per_sample[:, column : column + 1])

@@ -5,6 +5,11 @@ compute is spent on padding, and ``nn.Linear(...)(x)``, ``nn.LayerNorm(...)(x)``
 ``nn.GELU()(x)``, ``nn.Embedding(...)(ids)`` work on a batch unchanged (the modules call these
 functionals). ``inplace=True`` writes into the batch's stored layout (see
 :func:`nestbatch.ops.common.replace_storage`).
+
+With the ragged dim moved (:attr:`~nestbatch.NestedBatch.ragged_dim`), the dims these act on must
+still be feature dims: ``linear`` needs a feature last dim, ``layer_norm`` / ``rms_norm`` need
+the normalized trailing dims to come after the ragged dim; otherwise a ``ValueError`` says to
+transpose the ragged dim back first.
 """
 
 from __future__ import annotations
@@ -14,7 +19,13 @@ from typing import Any
 import torch.nn.functional as F
 
 from nestbatch.layouts import Layout
-from nestbatch.ops.common import dim_kind, normalize_dim, replace_storage
+from nestbatch.ops.common import (
+    dim_kind,
+    moved_ragged_error,
+    normalize_dim,
+    replace_storage,
+    storage_dim,
+)
 from nestbatch.ops.registry import register
 
 _ACTIVATIONS = (
@@ -25,7 +36,8 @@ _ACTIVATIONS = (
 )
 
 
-@register(*(getattr(F, name) for name in _ACTIVATIONS), layouts=(Layout.PACKED,))
+@register(*(getattr(F, name) for name in _ACTIVATIONS), layouts=(Layout.PACKED,),
+          moved_ragged=True)
 def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """Activations and dropout: ``func`` of the packed values (``inplace`` honoured)."""
     batch = args[0]
@@ -40,7 +52,7 @@ def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return replace_storage(batch, result) if inplace else result
 
 
-@register(F.glu, F.normalize, layouts=(Layout.PACKED,))
+@register(F.glu, F.normalize, layouts=(Layout.PACKED,), moved_ragged=True)
 def _along_feature_dim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``glu`` / ``normalize`` along a feature dim (the ragged dims and the batch are refused)."""
     batch = args[0]
@@ -51,16 +63,16 @@ def _along_feature_dim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
     else:
         dim = kwargs.pop("dim", default)
     dim = normalize_dim(batch, dim)
-    if dim_kind(batch, dim) != "feature":
+    kind, stored = storage_dim(batch, dim)
+    if kind != "feature":
         raise ValueError(
-            f"{func.__name__} along dim {dim} of a NestedBatch: only feature dims (> "
-            f"{batch.num_ragged_dims}) are supported; pass dim=-1 for the last feature dim"
+            f"{func.__name__} along dim {dim} of a NestedBatch: only feature dims are supported "
+            f"(dim {dim} is the {kind} dim); pass dim=-1 for the last feature dim"
         )
-    values_dim = dim - batch.num_ragged_dims
-    return batch.with_values(func(batch.values, *args[1:], dim=values_dim, **kwargs))
+    return batch.with_values(func(batch.values, *args[1:], dim=stored, **kwargs))
 
 
-@register(F.linear, layouts=(Layout.PACKED,))
+@register(F.linear, layouts=(Layout.PACKED,), moved_ragged=True)
 def _linear(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``F.linear`` / ``nn.Linear`` on the packed values ``(total, *feature, in)``."""
     batch = args[0]
@@ -69,10 +81,12 @@ def _linear(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             "linear needs a feature dim: the batch's samples have only ragged dims "
             f"(feature shape {tuple(batch.feature_shape)})"
         )
+    if dim_kind(batch, batch.dim() - 1) != "feature":
+        raise moved_ragged_error(batch, "linear", "it contracts the last dim, which is ragged")
     return batch.with_values(F.linear(batch.values, *args[1:], **kwargs))
 
 
-@register(F.layer_norm, F.rms_norm, layouts=(Layout.PACKED,))
+@register(F.layer_norm, F.rms_norm, layouts=(Layout.PACKED,), moved_ragged=True)
 def _norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``F.layer_norm`` / ``F.rms_norm`` over trailing feature dims (never the ragged ones)."""
     batch = args[0]
@@ -83,10 +97,14 @@ def _norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             f"normalized_shape={shape} extends into the ragged dims of a batch with feature "
             f"shape {tuple(batch.feature_shape)}; normalize over feature dims only"
         )
+    if any(dim_kind(batch, batch.dim() - 1 - i) != "feature" for i in range(len(shape))):
+        raise moved_ragged_error(
+            batch, func.__name__, f"normalized_shape={shape} covers the ragged dim"
+        )
     return batch.with_values(func(batch.values, *args[1:], **kwargs))
 
 
-@register(F.embedding, layouts=(Layout.PACKED,))
+@register(F.embedding, layouts=(Layout.PACKED,), moved_ragged=True)
 def _embedding(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``F.embedding`` / ``nn.Embedding`` of a batch of indices: adds an embedding feature dim."""
     batch = args[0]

@@ -16,6 +16,10 @@ indices of ``max`` / ``min``) -1 (our choice: there is no element to point at).
 
 ``softmax`` / ``log_softmax`` over a ragged dim exclude the padding: segment softmax on packed
 rows (``k == 1``), masked softmax on padded data (any ragged dim).
+
+Dims are logical: with the ragged dim moved (:attr:`~nestbatch.NestedBatch.ragged_dim`), reducing
+it gives ``(B, *other dims in order)``, ``keepdim`` puts its size-1 dim back at its position, and
+reducing feature dims before it moves it down.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from nestbatch.ops.common import (
     dim_kind,
     fill_value_for,
     normalize_dim,
+    storage_dim,
     torch_funcs,
+    values_dim,
     wrap_padded,
 )
 from nestbatch.ops.registry import register
@@ -74,7 +80,7 @@ def _split_dims(
             f"{name} over ragged dim(s) {ragged} of a batch with {k} ragged dims: reduce all "
             f"ragged dims at once (dim={tuple(range(1, k + 1))}) or pad first (.padded())"
         )
-    return bool(ragged), tuple(d - k for d in dims if d > k)
+    return bool(ragged), tuple(values_dim(batch, d) for d in dims if d not in ragged)
 
 
 # =========================================================================== ragged-dim kernels
@@ -185,7 +191,9 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
             func(batch.values.flatten(), 0)
     ragged, features = _split_dims(batch, dims, name)
     if not ragged:
-        return batch.with_values(_feature_reduce(func, batch.values, features, keepdim, extra))
+        out = _feature_reduce(func, batch.values, features, keepdim, extra)
+        moved_by = 0 if keepdim else sum(d < batch.ragged_dim for d in dims)
+        return batch.with_values(out, batch.ragged_dim - moved_by)
     if features and name not in _COMPOSABLE:
         raise ValueError(
             f"{name} over ragged and feature dims at once is not supported; reduce the ragged "
@@ -200,7 +208,10 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
         second = getattr(torch, _SECOND_STAGE.get(name, name))
         out = _feature_reduce(second, out, features, keepdim, {})
     if keepdim:
-        out = out.view(out.shape[0], *([1] * batch.num_ragged_dims), *out.shape[1:])
+        k = batch.num_ragged_dims
+        if k == 1:
+            return out.unsqueeze(batch.ragged_dim)  # the ragged dim's logical position
+        out = out.view(out.shape[0], *([1] * k), *out.shape[1:])
     return out
 
 
@@ -224,7 +235,8 @@ _NAMES = ("sum", "nansum", "mean", "prod", "amax", "amin", "argmax", "argmin", "
           "count_nonzero", "any", "all")
 
 
-@register(*torch_funcs(*_NAMES), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+@register(*torch_funcs(*_NAMES), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
+          moved_ragged=True)
 def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     name = "sum" if func.__name__ == "nansum" else func.__name__
@@ -236,7 +248,8 @@ def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return reduce(layout, batch, name, dims, keepdim, kwargs.get("dtype"))
 
 
-@register(*torch_funcs("var", "std"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+@register(*torch_funcs("var", "std"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
+          moved_ragged=True)
 def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     dims = _dims(batch, _arg(args, kwargs, 1, "dim"))
@@ -246,7 +259,8 @@ def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return reduce(layout, batch, func.__name__, dims, keepdim, correction=correction)
 
 
-@register(*torch_funcs("max", "min"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+@register(*torch_funcs("max", "min"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
+          moved_ragged=True)
 def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``max(x)``: a 0-d tensor; ``max(x, dim)``: ``(values, indices)``; ``max(x, y)``: maximum."""
     from nestbatch.ops.elementwise import elementwise
@@ -269,7 +283,8 @@ def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 # =========================================================================== softmax
 @register(*torch_funcs("softmax", "log_softmax", functional=True), torch.special.softmax,
-          torch.special.log_softmax, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+          torch.special.log_softmax, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
+          moved_ragged=True)
 def _softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     dim = _arg(args, kwargs, 1, "dim")
@@ -292,19 +307,19 @@ def softmax(layout: Layout, batch: NestedBatch, dim: int, *, log: bool = False,
         Same structure. Over the ragged dim: packed segment softmax when ``k == 1`` and the
         batch is not padded-only, masked softmax on padded data otherwise.
     """
-    kind = dim_kind(batch, dim)
+    kind, stored = storage_dim(batch, dim)
     fn = F.log_softmax if log else F.softmax
     if kind == "batch":
         raise ValueError("softmax over dim 0 (the batch) is not supported on a NestedBatch")
     if kind == "feature":
-        return batch.with_values(fn(batch.values, dim - batch.num_ragged_dims, dtype=dtype))
+        return batch.with_values(fn(batch.values, stored, dtype=dtype))
     if layout is Layout.PACKED and batch.num_ragged_dims == 1:
         values = batch.values if dtype is None else batch.values.to(dtype)
         return batch.with_values(_segment_softmax(batch, values, log))
     padded = batch.padded(None)
     data = padded.data if dtype is None else padded.data.to(dtype)
     filled = data.masked_fill(~_expand_to(padded.mask, data), float("-inf"))
-    return wrap_padded(fn(filled, dim), padded.partition)
+    return wrap_padded(fn(filled, stored), padded.partition, batch.ragged_dim)
 
 
 def _segment_softmax(batch: NestedBatch, values: Tensor, log: bool) -> Tensor:

@@ -5,6 +5,10 @@ it prefers. :func:`dispatch` picks the layout with one rule: a layout already ma
 every nested argument, if the entry supports one (the preferred first); otherwise the preferred
 layout, converted once and cached on the batch.
 
+An entry also says whether its implementation understands a batch whose ragged dim was moved
+(``moved_ragged=True``, see :attr:`~nestbatch.NestedBatch.ragged_dim`); :func:`dispatch` refuses
+such a batch, naming the op, for every other entry.
+
 To support a new function, register it in one place::
 
     @register(torch.exp, layouts=(Layout.PACKED, Layout.PADDED), prefer=Layout.PACKED)
@@ -32,6 +36,7 @@ class OpEntry:
     impl: Implementation
     layouts: tuple[Layout, ...]
     prefer: Layout
+    moved_ragged: bool = False
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
@@ -59,7 +64,10 @@ def ensure_loaded() -> None:
 
 
 def register(
-    *funcs: Callable, layouts: Iterable[Layout] = (Layout.PACKED,), prefer: Layout | None = None
+    *funcs: Callable,
+    layouts: Iterable[Layout] = (Layout.PACKED,),
+    prefer: Layout | None = None,
+    moved_ragged: bool = False,
 ) -> Callable[[Implementation], Implementation]:
     """Decorator: run ``funcs`` on nested batches with the decorated implementation.
 
@@ -72,6 +80,10 @@ def register(
         Layouts the implementation can run on.
     prefer : Layout, optional
         The layout to convert to when none of ``layouts`` is materialized (default: the first).
+    moved_ragged : bool, default False
+        Whether the implementation handles batches whose ragged dim is not at logical dim 1
+        (it interprets dims through :func:`nestbatch.ops.common.storage_dim`). Otherwise
+        :func:`dispatch` raises a ``TypeError`` for such a batch.
 
     Notes
     -----
@@ -88,7 +100,7 @@ def register(
 
     def decorate(impl: Implementation) -> Implementation:
         for func in funcs:
-            _REGISTRY[func] = OpEntry(impl, layouts, prefer)
+            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged)
         return impl
 
     return decorate
@@ -137,7 +149,8 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
     Raises
     ------
     TypeError
-        For a function with no entry, naming it and the way to a plain tensor.
+        For a function with no entry, naming it and the way to a plain tensor; for an entry that
+        does not handle a moved ragged dim given a batch with one.
     """
     ensure_loaded()
     entry = _REGISTRY.get(func)
@@ -148,7 +161,16 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
             ".padded().data (and .mask) or .values (the packed rows), or register an "
             "implementation with nestbatch.ops.registry.register"
         )
-    layout = choose_layout(entry, nested_arguments(args, kwargs))
+    batches = nested_arguments(args, kwargs)
+    if not entry.moved_ragged:
+        moved = next((b.ragged_dim for b in batches if b.ragged_dim != 1), None)
+        if moved is not None:
+            raise TypeError(
+                f"{_display_name(func)} is not supported on a NestedBatch whose ragged dim is at "
+                f"logical dim {moved}; transpose the ragged dim back to dim 1 first (e.g. "
+                f"x.transpose(1, {moved}))"
+            )
+    layout = choose_layout(entry, batches)
     return entry.impl(layout, func, args, kwargs)
 
 

@@ -1,11 +1,15 @@
 """Shape ops: reshape / view (and ``*_as``), transpose, permute, select, unbind, unsqueeze,
 squeeze, flatten.
 
-The batch dim and the ragged dims stay where they are (dim 0, then dims ``1..k``); these ops
-rearrange the feature dims, on the packed values. As in ``torch.nested``, a size of -1 keeps a
-dim's size, and the only size a ragged dim accepts is -1. Exceptions: ``transpose`` of two ragged
-dims (``k > 1``) swaps them on the padded data; ``select`` on a ragged dim picks the same
-position in every sample (each must be long enough).
+These ops rearrange the feature dims, on the packed values. As in ``torch.nested``, a size of
+-1 keeps a dim's size, and the only size a ragged dim accepts is -1. Exceptions: ``transpose`` of
+two ragged dims (``k > 1``) swaps them on the padded data; ``select`` on a ragged dim picks the
+same position in every sample (each must be long enough).
+
+``transpose`` / ``permute`` / ``movedim`` may move the one ragged dim of a batch (``k == 1``)
+among the feature dims, as ``torch.nested`` jagged tensors do: the result shares storage, presents
+the ragged dim at its new logical position (:attr:`~nestbatch.NestedBatch.ragged_dim`) and views
+the stored feature dims in their new order. ``reshape`` / ``view`` need the ragged dim at dim 1.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
     normalize_dim,
+    storage_dim,
     torch_funcs,
+    values_dim,
     wrap_padded,
 )
 from nestbatch.ops.registry import register
@@ -91,7 +97,7 @@ def _reshape_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 @register(*torch_funcs("transpose", "swapaxes", "swapdims"), layouts=PACKED_OR_PADDED,
-          prefer=Layout.PACKED)
+          prefer=Layout.PACKED, moved_ragged=True)
 def _transpose(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     d0 = normalize_dim(batch, args[1] if len(args) > 1 else kwargs["dim0"], "dim0")
@@ -99,47 +105,83 @@ def _transpose(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     kinds = {dim_kind(batch, d0), dim_kind(batch, d1)}
     if d0 == d1:
         return batch
-    if kinds == {"feature"}:
-        k = batch.num_ragged_dims
-        return batch.with_values(batch.values.transpose(d0 - k, d1 - k))
     if kinds == {"ragged"}:
         padded = batch.padded(None)
         order = list(range(batch.num_ragged_dims))
         order[d0 - 1], order[d1 - 1] = order[d1 - 1], order[d0 - 1]
         partition = RowPartition.from_shapes(batch.shape_per_sample[:, order])
         return wrap_padded(padded.data.transpose(d0, d1), partition)
-    raise ValueError(
-        f"transpose({d0}, {d1}) of a NestedBatch: dim 0 and the ragged dims 1..."
-        f"{batch.num_ragged_dims} stay leading; transpose feature dims with each other (or "
-        "ragged dims with each other), or use .padded().data for a dense tensor"
-    )
+    order = list(range(batch.dim()))
+    order[d0], order[d1] = d1, d0
+    return permute(batch, tuple(order), f"transpose({d0}, {d1})")
 
 
-@register(*torch_funcs("permute"), layouts=(Layout.PACKED,))
+@register(*torch_funcs("permute"), layouts=(Layout.PACKED,), moved_ragged=True)
 def _permute(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     dims = _shape_arg(args, kwargs) if "dims" not in kwargs else tuple(kwargs["dims"])
     dims = tuple(normalize_dim(batch, d) for d in dims)
+    if sorted(dims) != list(range(batch.dim())):
+        raise ValueError(f"permute{dims}: dims must be a permutation of 0..{batch.dim() - 1}")
+    return permute(batch, dims, f"permute{dims}")
+
+
+@register(*torch_funcs("movedim", "moveaxis"), layouts=(Layout.PACKED,), moved_ragged=True)
+def _movedim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    batch = args[0]
+    source = args[1] if len(args) > 1 else kwargs["source"]
+    destination = args[2] if len(args) > 2 else kwargs["destination"]
+    source = (source,) if isinstance(source, int) else tuple(source)
+    destination = (destination,) if isinstance(destination, int) else tuple(destination)
+    if len(source) != len(destination):
+        raise ValueError(f"movedim: {len(source)} source dims but {len(destination)} destinations")
+    source = tuple(normalize_dim(batch, d, "source") for d in source)
+    destination = tuple(normalize_dim(batch, d, "destination") for d in destination)
+    # torch.movedim's rule: the moved dims land at their destinations, the others keep order.
+    order: list[int | None] = [None] * batch.dim()
+    for src, dst in zip(source, destination):
+        order[dst] = src
+    remaining = iter(d for d in range(batch.dim()) if d not in source)
+    dims = tuple(next(remaining) if d is None else d for d in order)
+    return permute(batch, dims, f"movedim({source}, {destination})")
+
+
+def permute(batch: NestedBatch, dims: tuple[int, ...], what: str) -> NestedBatch:
+    """``batch`` with logical dims reordered: new dim ``p`` is old dim ``dims[p]``.
+
+    A view of the packed values. With one ragged dim it may move anywhere after the batch dim
+    (the result's :attr:`~nestbatch.NestedBatch.ragged_dim`); with several they stay leading.
+
+    Raises
+    ------
+    ValueError
+        If the batch dim moves, or (``k > 1``) a ragged dim moves.
+    """
     k = batch.num_ragged_dims
-    if dims[: 1 + k] != tuple(range(1 + k)):
-        raise ValueError(
-            f"permute{dims}: the batch dim and the ragged dims must stay in place (start with "
-            f"{tuple(range(1 + k))})"
-        )
-    return batch.with_values(batch.values.permute(0, *(d - k for d in dims[1 + k :])))
+    if dims[0] != 0 or (k > 1 and dims[: 1 + k] != tuple(range(1 + k))):
+        lead = "the batch dim" if k == 1 else f"the batch dim and the ragged dims 1..{k}"
+        raise ValueError(f"{what} of a NestedBatch: {lead} must stay in place")
+    features = [values_dim(batch, d) for d in dims[1:] if dim_kind(batch, d) == "feature"]
+    ragged_dim = next(p for p, d in enumerate(dims) if dim_kind(batch, d) == "ragged")
+    values = batch.values
+    if features != sorted(features):
+        values = values.permute(0, *features)
+    return batch.with_values(values, ragged_dim if k == 1 else 1)
 
 
-@register(*torch_funcs("select"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED)
+@register(*torch_funcs("select"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
+          moved_ragged=True)
 def _select(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     dim = normalize_dim(batch, args[1] if len(args) > 1 else kwargs["dim"])
     index = int(args[2] if len(args) > 2 else kwargs["index"])
-    kind = dim_kind(batch, dim)
+    kind, stored = storage_dim(batch, dim)
     if kind == "batch":
         return batch.sample(index)
     if kind == "feature":
-        return batch.with_values(batch.values.select(dim - batch.num_ragged_dims, index))
-    return select_ragged(batch, dim, index)
+        ragged_dim = batch.ragged_dim - (dim < batch.ragged_dim)
+        return batch.with_values(batch.values.select(stored, index), ragged_dim)
+    return select_ragged(batch, stored, index)
 
 
 def select_ragged(batch: NestedBatch, dim: int, index: int) -> Tensor | NestedBatch:
@@ -147,11 +189,13 @@ def select_ragged(batch: NestedBatch, dim: int, index: int) -> Tensor | NestedBa
 
     Reads the sample sizes to check them (a sync when they are only on the device).
 
+    ``dim`` is the stored ragged dim (``1..k``).
+
     Returns
     -------
     Tensor or NestedBatch
-        Dense ``(B, *feature)`` when the batch has one ragged dim; otherwise a batch with one
-        ragged dim fewer.
+        Dense ``(B, *feature)`` when the batch has one ragged dim (the other logical dims in
+        order, wherever the ragged dim was); otherwise a batch with one ragged dim fewer.
     """
     sizes = batch.shape_per_sample[:, dim - 1]
     need = index + 1 if index >= 0 else -index
@@ -175,35 +219,49 @@ def select_ragged(batch: NestedBatch, dim: int, index: int) -> Tensor | NestedBa
 
 
 @register(*torch_funcs("unbind"), layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
-          prefer=Layout.LIST)
+          prefer=Layout.LIST, moved_ragged=True)
 def _unbind(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return args[0].unbind(args[1] if len(args) > 1 else kwargs.get("dim", 0))
 
 
-@register(*torch_funcs("unsqueeze", "squeeze", "flatten"), layouts=(Layout.PACKED,))
+@register(*torch_funcs("unsqueeze", "squeeze", "flatten"), layouts=(Layout.PACKED,),
+          moved_ragged=True)
 def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``unsqueeze`` / ``squeeze`` / ``flatten`` restricted to the feature dims."""
+    """``unsqueeze`` / ``squeeze`` / ``flatten`` restricted to the feature dims.
+
+    New dims go after the ragged dim (as before it moved); dims removed before a moved ragged
+    dim move it down.
+    """
     batch = args[0]
-    k = batch.num_ragged_dims
+    k, rd = batch.num_ragged_dims, batch.ragged_dim
     name = func.__name__
     values = batch.values
     if name == "unsqueeze":
         dim = args[1] if len(args) > 1 else kwargs["dim"]
         dim = dim % (batch.dim() + 1)
-        if dim <= k:
-            raise ValueError(f"unsqueeze({dim}): new dims go after the ragged dims (> {k})")
-        return batch.with_values(values.unsqueeze(dim - k))
+        last_ragged = k if k > 1 else rd
+        if dim <= last_ragged:
+            raise ValueError(
+                f"unsqueeze({dim}): new dims go after the ragged dim(s) (> {last_ragged})"
+            )
+        return batch.with_values(values.unsqueeze(dim - 1 if k == 1 else dim - k))
     if name == "squeeze":
         dims = args[1] if len(args) > 1 else kwargs.get("dim")
         if dims is None:
-            return batch.with_values(values.squeeze(tuple(range(1, values.dim()))))
+            dims = tuple(d for d in range(1, batch.dim()) if dim_kind(batch, d) == "feature"
+                         and batch.size(d) == 1)
         dims = (dims,) if isinstance(dims, int) else tuple(dims)
         dims = tuple(normalize_dim(batch, d) for d in dims)
         if any(dim_kind(batch, d) != "feature" for d in dims):
-            raise ValueError(f"squeeze{dims}: only feature dims (> {k}) can be squeezed")
-        return batch.with_values(values.squeeze(tuple(d - k for d in dims)))
+            raise ValueError(f"squeeze{dims}: only feature dims can be squeezed")
+        kept = tuple(d for d in dims if batch.size(d) == 1)  # torch leaves other sizes alone
+        return batch.with_values(
+            values.squeeze(tuple(values_dim(batch, d) for d in kept)),
+            rd - sum(d < rd for d in kept),
+        )
     start = normalize_dim(batch, args[1] if len(args) > 1 else kwargs.get("start_dim", k + 1))
     end = normalize_dim(batch, args[2] if len(args) > 2 else kwargs.get("end_dim", -1))
-    if start <= k:
-        raise ValueError(f"flatten({start}, {end}): only feature dims (> {k}) can be flattened")
-    return batch.with_values(values.flatten(start - k, end - k))
+    if any(dim_kind(batch, d) != "feature" for d in range(start, end + 1)):
+        raise ValueError(f"flatten({start}, {end}): only feature dims can be flattened")
+    flat = values.flatten(values_dim(batch, start), values_dim(batch, end))
+    return batch.with_values(flat, rd - (end - start) if end < rd else rd)

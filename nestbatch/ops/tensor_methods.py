@@ -111,8 +111,8 @@ _METHODS = (
     "sum", "nansum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin",
     "logsumexp", "var", "std", "count_nonzero", "any", "all", "softmax", "log_softmax",
     # shape and structure
-    "reshape", "view", "reshape_as", "view_as", "transpose", "swapaxes", "permute", "select",
-    "unsqueeze", "squeeze", "flatten", "tile", "repeat",
+    "reshape", "view", "reshape_as", "view_as", "transpose", "swapaxes", "permute", "movedim",
+    "moveaxis", "select", "unsqueeze", "squeeze", "flatten", "tile", "repeat",
 )
 
 for _name, _torch_name in (_BINARY | _COMPARISONS).items():

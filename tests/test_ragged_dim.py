@@ -1,0 +1,361 @@
+"""A NestedBatch whose ragged dim is moved (``ragged_dim``), as torch.nested jagged's _ragged_idx.
+
+Every check compares with the same torch op applied to each logical sample alone.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import nestbatch
+from nestbatch import Layout, NestedBatch
+
+LENGTHS = (3, 0, 5, 1)
+
+
+def _close(actual, expected, **kw):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape, (a.shape, e.shape)
+        torch.testing.assert_close(a, e, **kw)
+
+
+def _samples(*feature, lengths=LENGTHS, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, *feature, generator=g, dtype=dtype) for n in lengths]
+
+
+def _heads(layout=Layout.PACKED, lengths=LENGTHS, seed=0):
+    """Samples (L_i, H, D) and the batch (B, H, j, D) (ragged_dim 2) with its samples (H, L, D)."""
+    samples = _samples(2, 4, lengths=lengths, seed=seed)
+    batch = nestbatch.nested(samples, layout=layout).transpose(1, 2)
+    return batch, [s.transpose(0, 1) for s in samples]
+
+
+# ---------------------------------------------------------------------------- core and views
+@pytest.mark.parametrize("layout", list(Layout))
+def test_transpose_moves_the_ragged_dim_and_shares_storage(layout):
+    samples = _samples(3, 4)
+    x = nestbatch.nested(samples, layout=layout)
+    y = x.transpose(1, 3)  # (B, j, H, D) -> (B, D, H, j)
+    assert y.ragged_dim == 3 and y.feature_shape == (4, 3) and y.sample_shape == (4, 3, None)
+    assert y.dim() == 4 and y.size(1) == 4 and y.size(2) == 3
+    with pytest.raises(ValueError, match="ragged"):
+        y.size(3)
+    _close(y.tolist(), [s.permute(2, 1, 0) for s in samples])
+    _close(list(y), [s.permute(2, 1, 0) for s in samples])
+    _close([y.sample(i) for i in range(len(samples))], [s.permute(2, 1, 0) for s in samples])
+    assert y.values.data_ptr() == x.values.data_ptr()
+    back = y.transpose(3, 1)
+    assert back.ragged_dim == 1
+    _close(back.tolist(), samples)
+    assert torch.equal(back.values, x.values)
+
+
+@given(
+    perm=st.permutations([1, 2, 3]),
+    then=st.permutations([1, 2, 3]),
+    layout=st.sampled_from(list(Layout)),
+)
+@settings(max_examples=25, deadline=None)
+def test_permute_round_trips(perm, then, layout):
+    samples = _samples(2, 3)
+    x = nestbatch.nested(samples, layout=layout)
+    y = x.permute(0, *perm)
+    _close(y.tolist(), [s.permute(*(d - 1 for d in perm)) for s in samples])
+    z = y.permute(0, *then)
+    expected = [s.permute(*(d - 1 for d in perm)).permute(*(d - 1 for d in then)) for s in samples]
+    _close(z.tolist(), expected)
+    _close(torch.movedim(z, 1, 3).tolist(), [e.movedim(0, 2) for e in expected])
+    inverse = [0] * 4
+    for position, d in enumerate((0, *perm)):
+        inverse[d] = position
+    restored = y.permute(*inverse)
+    assert restored.ragged_dim == 1
+    _close(restored.tolist(), samples)
+
+
+def test_metadata_survives_copies_and_pickling():
+    y, expected = _heads()
+    for z in (y.clone(), y.detach(), y.to(torch.float32), y.cpu(), y.contiguous(),
+              y.to(Layout.PADDED), y.to(Layout.LIST), pickle.loads(pickle.dumps(y)),
+              y.with_values(y.values * 1), y.map_values(torch.neg).neg()):
+        assert z.ragged_dim == 2
+        _close([t.double() for t in z.tolist()], expected)
+    assert "ragged_dim=2" in repr(y) and "sample_shape=(2, None, 4)" in repr(y)
+    torch.testing.assert_close(y.to_padded(), y.padded().data.transpose(1, 2))
+    assert y.padded().data.shape[1] == max(LENGTHS)  # stored order
+    assert y.bounding_shape().tolist() == [4, 2, 5, 4]
+
+
+def test_requires_grad_and_grad_keep_ragged_dim():
+    y, _ = _heads()
+    y = y.detach().requires_grad_()
+    y.sum().backward()
+    assert y.grad.ragged_dim == 2
+    _close(y.grad.tolist(), [torch.ones_like(s) for s in y.tolist()])
+
+
+def test_indexing_a_transposed_batch():
+    samples = _samples(3, 4)
+    y = nestbatch.nested(samples).transpose(1, 2)  # (B, H, j, D)
+    expected = [s.transpose(0, 1) for s in samples]
+    _close([y[i] for i in range(4)], expected)
+    assert y[2, 1, 3, 2] == expected[2][1, 3, 2]
+    z = y[1:, :2, 1:, ::2]
+    assert z.ragged_dim == 2
+    _close(z.tolist(), [e[:2, 1:, ::2] for e in expected[1:]])
+    w = y[:, 1]  # an integer before the ragged dim moves it down
+    assert w.ragged_dim == 1
+    _close(w.tolist(), [e[1] for e in expected])
+    v = y[..., 0]
+    assert v.ragged_dim == 2
+    _close(v.tolist(), [e[..., 0] for e in expected])
+    _close(y[[3, 0]].tolist(), [expected[3], expected[0]])
+    with pytest.raises(IndexError, match="ragged dim"):
+        y[:, :, 0]
+    _close(torch.select(y, 1, 1).tolist(), [e[1] for e in expected])
+
+
+def test_select_on_the_moved_ragged_dim():
+    samples = _samples(3, 4, lengths=(2, 4, 1))
+    y = nestbatch.nested(samples).transpose(1, 2)
+    torch.testing.assert_close(torch.select(y, 2, 0), torch.stack([s[0] for s in samples]))
+    torch.testing.assert_close(y.select(2, -1), torch.stack([s[-1] for s in samples]))
+
+
+# ------------------------------------------------------------------------------- elementwise
+@pytest.mark.parametrize("layout", list(Layout))
+def test_elementwise_and_broadcasting(layout):
+    y, expected = _heads(layout)
+    other, other_expected = _heads(layout, seed=1)
+    dense = torch.randn(4, dtype=torch.float64)
+    _close((y * 2 + 1).tolist(), [e * 2 + 1 for e in expected])
+    _close(torch.exp(y).tolist(), [e.exp() for e in expected])
+    _close((y + other).tolist(), [a + b for a, b in zip(expected, other_expected)])
+    _close(torch.maximum(y, other).tolist(),
+           [torch.maximum(a, b) for a, b in zip(expected, other_expected)])
+    _close((y * dense).tolist(), [e * dense for e in expected])
+    _close(torch.zeros_like(y).tolist(), [torch.zeros_like(e) for e in expected])
+    _close(F.gelu(y).tolist(), [F.gelu(e) for e in expected])
+    _close(F.dropout(y, 0.5, training=False).tolist(), expected)
+    assert (y + 1).ragged_dim == 2
+    z = y.clone()
+    z.mul_(3)
+    _close(z.tolist(), [e * 3 for e in expected])
+
+
+def test_broadcasting_errors_on_a_moved_ragged_dim():
+    y, _ = _heads()
+    with pytest.raises(ValueError, match="reach the ragged dim"):
+        y + torch.randn(5, 4, dtype=torch.float64)
+    x = nestbatch.nested(_samples(2, 4))
+    with pytest.raises(ValueError, match="different positions"):
+        x + y
+    last = nestbatch.nested(_samples(3)).transpose(1, 2)  # (B, 3, j)
+    with pytest.raises(ValueError, match="reach the ragged dim"):
+        last * torch.randn(1, dtype=torch.float64)
+
+
+# -------------------------------------------------------------------- reductions and softmax
+@pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])
+@pytest.mark.parametrize("dim", [1, 2, 3, -1])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_over_logical_dims(layout, dim, log):
+    y, expected = _heads(layout, lengths=(3, 2, 5, 1))
+    fn = F.log_softmax if log else F.softmax
+    out = fn(y, dim=dim)
+    assert out.ragged_dim == 2
+    _close(out.tolist(), [fn(e, dim=dim - 1 if dim > 0 else dim) for e in expected])
+
+
+@pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "logsumexp", "std"])
+def test_reductions_over_logical_dims(layout, name):
+    y, expected = _heads(layout, lengths=(3, 2, 5, 2))  # std of one element is nan
+    fn = getattr(torch, name)
+    # Over the ragged dim: dense (B, H, D); keepdim puts the 1 back at logical dim 2.
+    torch.testing.assert_close(fn(y, 2), torch.stack([fn(e, 1) for e in expected]))
+    torch.testing.assert_close(
+        fn(y, 2, keepdim=True), torch.stack([fn(e, 1, keepdim=True) for e in expected])
+    )
+    # Over a feature dim before the ragged one: the ragged dim moves down.
+    before = fn(y, 1)
+    assert before.ragged_dim == 1
+    _close(before.tolist(), [fn(e, 0) for e in expected])
+    kept = fn(y, 1, keepdim=True)
+    assert kept.ragged_dim == 2
+    _close(kept.tolist(), [fn(e, 0, keepdim=True) for e in expected])
+    after = fn(y, -1)
+    assert after.ragged_dim == 2
+    _close(after.tolist(), [fn(e, -1) for e in expected])
+
+
+def test_composed_reductions_and_argmax():
+    y, expected = _heads(lengths=(3, 2, 5, 1))
+    torch.testing.assert_close(y.sum((2, 3)), torch.stack([e.sum((1, 2)) for e in expected]))
+    torch.testing.assert_close(y.sum((1, 2)), torch.stack([e.sum((0, 1)) for e in expected]))
+    torch.testing.assert_close(y.argmax(2), torch.stack([e.argmax(1) for e in expected]))
+    values, index = torch.max(y, 1)
+    _close(values.tolist(), [e.max(0).values for e in expected])
+    torch.testing.assert_close(torch.sum(y), sum(e.sum() for e in expected))
+
+
+# ------------------------------------------------------------------------------ nn layers
+def test_linear_and_layer_norm_on_feature_dims():
+    y, expected = _heads()
+    linear = torch.nn.Linear(4, 6, dtype=torch.float64)
+    norm = torch.nn.LayerNorm(4, dtype=torch.float64)
+    _close(linear(y).tolist(), [linear(e) for e in expected])
+    _close(norm(y).tolist(), [norm(e) for e in expected])
+    assert linear(y).ragged_dim == 2
+    last = nestbatch.nested(_samples(4)).transpose(1, 2)  # (B, 4, j): ragged is last
+    with pytest.raises(ValueError, match="transpose the ragged dim back"):
+        linear(last)
+    with pytest.raises(ValueError, match="transpose the ragged dim back"):
+        torch.nn.LayerNorm((5, 4), dtype=torch.float64)(y)
+
+
+def test_unsupported_ops_name_the_op_and_the_fix():
+    y, _ = _heads()
+    with pytest.raises(TypeError, match=r"torch\.cat .*transpose the ragged dim back"):
+        torch.cat([y, y])
+    with pytest.raises(TypeError, match="reshape.*transpose the ragged dim back"):
+        y.reshape(4, 2, -1, 4)
+    with pytest.raises(ValueError, match="to_packed_sequence.*transpose the ragged dim back"):
+        y.to_packed_sequence()
+    with pytest.raises(ValueError, match="to_nested_tensor"):
+        y.to_nested_tensor()
+    with pytest.raises(ValueError, match="keeps them leading"):
+        NestedBatch(nestbatch.nested([torch.ones(2, 2, 3)], num_ragged_dims=2).packed(), 2)
+    with pytest.raises(ValueError, match="out of range"):
+        NestedBatch(y.packed(), 4)
+
+
+# ------------------------------------------------------------------------------ attention
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_on_heads_first_batches(causal):
+    q, q_samples = _heads(lengths=(3, 1, 5, 2), seed=0)
+    k, k_samples = _heads(lengths=(4, 2, 5, 1), seed=1)
+    v, v_samples = _heads(lengths=(4, 2, 5, 1), seed=2)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert out.ragged_dim == 2
+    expected = [
+        F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+        for a, b, c in zip(q_samples, k_samples, v_samples)
+    ]
+    _close(out.tolist(), expected)
+    with pytest.raises(ValueError, match="ragged_dim 2"):
+        F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2))
+
+
+# ------------------------------------------------------------------------------ matmul / bmm
+def test_bmm_with_a_transposed_right_operand():
+    a_samples = _samples(3, lengths=(2, 4, 0, 3))  # (n_i, m)
+    b_samples = _samples(3, lengths=(5, 1, 2, 0), seed=1)  # (p_i, m) -> transposed (m, p_i)
+    a = nestbatch.nested(a_samples)
+    b = nestbatch.nested(b_samples).transpose(1, 2)
+    out = torch.bmm(a, b)
+    assert out.num_ragged_dims == 2
+    _close(out.tolist(), [x @ y.T for x, y in zip(a_samples, b_samples)])
+    # (B, 3, j_i) @ (B, j_i, p_i): only the result's columns are ragged (logical dim 2).
+    scores = _samples(3, lengths=(2, 4, 0, 3), seed=2)
+    images = [torch.randn(n, p, dtype=torch.float64) for n, p in zip((2, 4, 0, 3), (1, 0, 2, 3))]
+    c = nestbatch.nested(scores).transpose(1, 2)
+    d = torch.matmul(c, nestbatch.nested(images, num_ragged_dims=2))
+    assert d.ragged_dim == 2 and d.num_ragged_dims == 1
+    _close(d.tolist(), [s.T @ m for s, m in zip(scores, images)])
+
+
+def test_bmm_contracting_over_the_ragged_dim():
+    scores, values = _samples(3, seed=0), _samples(2, seed=1)  # (j_i, 3), (j_i, 2)
+    weights = nestbatch.nested(scores).transpose(1, 2)  # (B, 3, j)
+    v = nestbatch.nested(values)  # (B, j, 2)
+    out = weights @ v
+    assert isinstance(out, torch.Tensor) and out.shape == (4, 3, 2)
+    torch.testing.assert_close(out, torch.stack([s.T @ x for s, x in zip(scores, values)]))
+    # Same structure from another partition object: sizes compared on the host.
+    v2 = nestbatch.nested([x.clone() for x in values])
+    torch.testing.assert_close(torch.bmm(weights, v2), out)
+    bad = nestbatch.nested(_samples(2, lengths=(3, 0, 5, 2)))
+    with pytest.raises(ValueError, match="contracted sizes differ"):
+        torch.bmm(weights, bad)
+
+
+def test_attention_weights_times_values():
+    # softmax(q k^T) v per sample: (B, n_i, j_i) is a two-ragged-dim batch @ (B, j_i, d).
+    q_samples, k_samples = _samples(4, seed=0), _samples(4, seed=1)
+    q, k = nestbatch.nested(q_samples), nestbatch.nested(k_samples)
+    scores = q @ k.transpose(1, 2)
+    weights = torch.softmax(scores, dim=2)
+    out = weights @ k
+    expected = [torch.softmax(a @ b.T, 1) @ b for a, b in zip(q_samples, k_samples)]
+    _close(out.tolist(), expected)
+
+
+def test_matmul_of_same_structure_batches():
+    a_samples = _samples(2, 3)  # (L_i, n, m)
+    b_samples = _samples(3, 5, seed=1)  # (L_i, m, p)
+    a, b = nestbatch.nested(a_samples), nestbatch.nested(b_samples)
+    _close(torch.matmul(a, b).tolist(), [x @ y for x, y in zip(a_samples, b_samples)])
+    # (H, L_i, n, m) @ (H, L_i, m, p): ragged at logical dim 2 in both.
+    c = nestbatch.nested(_samples(6, 2, 3, seed=2)).transpose(1, 2)
+    d = nestbatch.nested(_samples(6, 3, 1, seed=3)).transpose(1, 2)
+    out = c @ d
+    assert out.ragged_dim == 2
+    _close(out.tolist(), [x @ y for x, y in zip(c.tolist(), d.tolist())])
+    other = nestbatch.nested(_samples(3, 5, lengths=(1, 1, 1, 1)))
+    with pytest.raises(ValueError, match="same row structure"):
+        a @ other
+
+
+def test_matmul_with_dense_operands_on_a_moved_batch():
+    y, expected = _heads()
+    w = torch.randn(4, 3, dtype=torch.float64)
+    _close((y @ w).tolist(), [e @ w for e in expected])
+    four_samples = _samples(2, 3, 4)
+    four = nestbatch.nested(four_samples).transpose(1, 2)  # (B, 2, j, 3, 4)
+    four_expected = [s.transpose(0, 1) for s in four_samples]
+    m = torch.randn(5, 3, dtype=torch.float64)
+    _close((m @ four).tolist(), [m @ e for e in four_expected])
+    with pytest.raises(ValueError, match="transpose the ragged dim back"):
+        w.T @ y  # y's second-to-last logical dim is ragged
+    last = nestbatch.nested(_samples(4)).transpose(1, 2)
+    with pytest.raises(ValueError, match="transpose the ragged dim back"):
+        last @ torch.randn(5, 2, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------ gradients
+def test_gradcheck_through_transpose_matmul_softmax():
+    lengths = (2, 3, 1)
+    a_values = torch.randn(sum(lengths), 3, dtype=torch.float64, requires_grad=True)
+    b_values = torch.randn(sum(lengths), 2, dtype=torch.float64, requires_grad=True)
+
+    def run(av, bv):
+        a = NestedBatch.from_lengths(av, list(lengths))
+        b = NestedBatch.from_lengths(bv, list(lengths))
+        weights = torch.softmax(a.transpose(1, 2), dim=2)  # (B, 3, j), softmax over j
+        return weights @ b  # (B, 3, 2), contracting over the ragged dim
+
+    torch.autograd.gradcheck(run, (a_values, b_values))
+
+    def heads(av):
+        x = NestedBatch.from_lengths(av.view(-1, 3, 1).expand(-1, 3, 2), list(lengths))
+        y = x.transpose(1, 2)  # (B, 3, j, 2)
+        return F.log_softmax(y, dim=2).transpose(1, 2).values
+
+    torch.autograd.gradcheck(heads, (a_values,))
+
+
+def test_to_ragged_batch_keeps_the_logical_order():
+    y, expected = _heads()
+    ragged = y.to_ragged_batch()
+    assert ragged.non_uniform_dim == 2
+    for i, e in enumerate(expected):
+        torch.testing.assert_close(ragged.tensor[i][:, : e.shape[1]], e)
