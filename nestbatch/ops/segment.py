@@ -8,8 +8,8 @@ Two backends compute the same results:
   nestbatch[scatter]``; it builds from source against the installed torch, with
   ``--no-build-isolation``). Its ``prod`` is missing, so that one always runs on torch.
 
-``"auto"`` (the default) uses torch-scatter on CUDA tensors when it is importable (where its CSR
-kernels are faster) and torch's own ops otherwise. :func:`set_segment_backend` picks one.
+``"auto"`` (the default) uses torch-scatter when it is importable and faster, torch's own ops
+otherwise (see :func:`_scatter_is_faster`). :func:`set_segment_backend` picks one.
 
 Empty samples get TensorFlow's results: ``sum`` 0, ``prod`` 1, ``mean`` nan, ``amax`` the
 dtype's lowest finite value and ``amin`` its highest (TF's ``unsorted_segment_max`` /
@@ -91,7 +91,7 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
         values = values.to(torch.int64)
     backend = _state["backend"]
     if backend == "auto":
-        backend = "scatter" if values.is_cuda and scatter_available() else "torch"
+        backend = "scatter" if _scatter_is_faster(values, batch, reduce) else "torch"
     if backend == "scatter" and reduce != "prod" and values.is_floating_point():
         out = _scatter_csr(values, batch.offsets, reduce)
     elif values.is_floating_point() and values.dtype in (torch.float32, torch.float64):
@@ -99,6 +99,20 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     else:
         out = _scatter_rows(values, batch, reduce)
     return _fill_empty(out, batch.lengths, reduce)
+
+
+def _scatter_is_faster(values: Tensor, batch: NestedBatch, reduce: str) -> bool:
+    """Whether ``segment_csr`` beats ``torch.segment_reduce`` here (and is installed).
+
+    Measured on 2 CPU cores (torch 2.13, torch-scatter 2.1.2): 1.1-1.9x faster for sum / mean at
+    every size tried; for amax / amin 1.4-2.5x faster with segments of 64+ rows but 3x slower
+    with segments of 16. On CUDA its CSR kernels are used for all of them.
+    """
+    if not scatter_available():
+        return False
+    if values.is_cuda or reduce in ("sum", "mean"):
+        return True
+    return values.shape[0] >= 32 * max(batch.batch_size, 1)
 
 
 def _torch_segment(values: Tensor, offsets: Tensor, reduce: str) -> Tensor:
