@@ -108,9 +108,18 @@ def indexing_access(
     safe = torch.where(
         valid, indices, torch.zeros((), dtype=indices.dtype, device=indices.device)
     ).long()
-    batch_idx = torch.arange(num_samples, device=data.device).unsqueeze(1)
-    gathered = data[batch_idx, safe]
+    # One index_select over the flattened (B * N) rows: on the CPU it runs several times faster
+    # than advanced indexing with a (batch, index) pair.
+    rows = _flat_rows(safe, data.shape[1])
+    flat = data.reshape(data.shape[0] * data.shape[1], *data.shape[2:])
+    gathered = flat.index_select(0, rows).view(num_samples, width, *data.shape[2:])
     return gathered.masked_fill(_expand_to_data(~valid, gathered.dim()), filler_value)
+
+
+def _flat_rows(indices: Tensor, width: int) -> Tensor:
+    """``b * width + indices[b, j]``, flattened: row numbers in a ``(B * width, ...)`` view."""
+    batch = torch.arange(indices.shape[0], device=indices.device).unsqueeze(1)
+    return (batch * width + indices).reshape(-1)
 
 
 def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
@@ -139,16 +148,16 @@ def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tenso
     num_samples, width = indices.shape
     num_targets = into.shape[1]
     valid = _slot_validity(sizes, width)
-    # Invalid slots write into an extra dummy row that is dropped afterwards;
-    # this avoids a data-dependent (host-syncing) selection of the valid slots.
-    dummy = into.new_zeros((num_samples, 1) + tuple(into.shape[2:]))
-    padded = torch.cat([into, dummy], dim=1)
-    target = torch.where(valid, indices.long(), torch.full((), num_targets, device=indices.device))
-    batch_idx = (
-        torch.arange(num_samples, device=into.device).unsqueeze(1).expand(num_samples, width)
-    )
-    padded.index_put_((batch_idx, target), to_write)
-    return padded.narrow(1, 0, num_targets)
+    # Invalid slots write into one extra dummy row after all the others, dropped afterwards:
+    # no data-dependent (host-syncing) selection of the valid slots, and the result is a
+    # contiguous prefix of the buffer.
+    feature = tuple(into.shape[2:])
+    rows = num_samples * num_targets
+    flat = torch.cat([into.reshape(rows, *feature), into.new_zeros((1, *feature))])
+    target = torch.where(valid, _flat_rows(indices.long(), num_targets).view_as(valid), rows)
+    source = to_write.reshape(num_samples * width, *feature)
+    flat.index_copy_(0, target.reshape(-1), source)
+    return flat[:rows].view(into.shape)
 
 
 def inverse_indexing_access(
@@ -207,16 +216,18 @@ def index_mapping(
     return indexing_write(gathered, target_indices, sizes, target)
 
 
-def mask_to_indices(mask: Tensor) -> tuple[Tensor, Tensor]:
+def mask_to_indices(mask: Tensor, max_count: int | None = None) -> tuple[Tensor, Tensor]:
     """Positions of the ``True`` entries of each row of a mask, in increasing order.
 
-    Needs one host synchronization (``.item()``) because the output width is
+    Without ``max_count`` this needs one host synchronization (``.item()``): the output width is
     the largest ``True`` count.
 
     Parameters
     ----------
     mask : Tensor
         Bool tensor of shape ``(B, N)``.
+    max_count : int, optional
+        Output width; entries of rank ``>= max_count`` are dropped. Default: the largest count.
 
     Returns
     -------
@@ -227,10 +238,12 @@ def mask_to_indices(mask: Tensor) -> tuple[Tensor, Tensor]:
     """
     num_samples, num_entries = mask.shape
     counts = mask.sum(dim=1, dtype=torch.int64)
-    max_count = int(counts.max().item()) if num_samples > 0 else 0
+    if max_count is None:
+        max_count = int(counts.max().item()) if num_samples > 0 else 0
     rank = torch.cumsum(mask, dim=1, dtype=torch.int64) - 1
-    # Unselected positions are scattered into a dummy column that is dropped.
-    slot = torch.where(mask, rank, torch.full((), max_count, device=mask.device))
+    # Unselected (and overflowing) positions are scattered into a dummy column that is dropped.
+    kept = mask & (rank < max_count)
+    slot = torch.where(kept, rank, torch.full((), max_count, device=mask.device))
     positions = torch.arange(num_entries, device=mask.device).expand(num_samples, num_entries)
     out = torch.zeros((num_samples, max_count + 1), dtype=torch.int64, device=mask.device)
     out.scatter_(1, slot, positions)

@@ -350,23 +350,11 @@ index_mapping_op.register_autograd(_index_mapping_backward, setup_context=_index
 
 # ------------------------------------------------------------------------------- mask -> indices
 def _mask_to_indices_reference(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
-    """Positions of the True entries of each row of a ``(B, N)`` mask, in increasing order.
-
-    Returns ``indices`` ``(B, max_count)`` int64 (padded slots 0; entries of rank ``>=
-    max_count`` dropped) and ``counts`` ``(B,)`` int64. Written with the sync-free reference
-    scatter (:func:`~nestbatch.batched_indexing.inverse_indexing_access`) because the width is
-    given.
-    """
-    num_samples, num_entries = mask.shape
-    rank = torch.cumsum(mask, dim=1, dtype=torch.int64) - 1
-    # Unselected (and overflowing) entries all go to one extra dummy column, dropped below.
-    kept = mask & (rank < max_count)
-    slot = torch.where(kept, rank, torch.full_like(rank, max_count))
-    positions = torch.arange(num_entries, device=mask.device).expand(num_samples, num_entries)
-    every_entry = torch.full((num_samples,), num_entries, dtype=torch.int64, device=mask.device)
-    scattered = reference.inverse_indexing_access(positions, slot, every_entry, max_count + 1, 0)
-    counts = mask.sum(dim=1, dtype=torch.int64)
-    return scattered[:, :max_count].contiguous(), counts
+    """Positions of the True entries of each row of a ``(B, N)`` mask, in increasing order:
+    ``indices`` ``(B, max_count)`` int64 (padded slots 0; entries of rank ``>= max_count``
+    dropped) and ``counts`` ``(B,)`` int64."""
+    indices, counts = reference.mask_to_indices(mask, max_count)
+    return indices, counts
 
 
 mask_to_indices_op = _define("mask_to_indices", _mask_to_indices_reference)
