@@ -71,7 +71,7 @@ class RowPartition:
         cls, shapes: Sequence[Sequence[int]], num_ragged_dims: int, device: torch.device
     ) -> RowPartition:
         """Partition from ragged shapes known on the host (no synchronization ever needed)."""
-        host = tuple(tuple(int(s) for s in shape) for shape in shapes)
+        host = tuple(tuple(map(int, shape)) for shape in shapes)
         tensor = torch.tensor(host, dtype=torch.int64).reshape(len(host), num_ragged_dims)
         return cls(tensor.to(device), host_shapes=host)
 

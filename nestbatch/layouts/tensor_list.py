@@ -51,7 +51,10 @@ class TensorList(RaggedLayout):
         if num_ragged_dims < 1:
             raise ValueError(f"num_ragged_dims must be >= 1, got {num_ragged_dims}")
         dtype, device = common_dtype_device(tensors, dtype, device, "tensors")
-        tensors = [t.to(device=device, dtype=dtype) for t in tensors]
+        tensors = [
+            t if t.dtype == dtype and t.device == device else t.to(device=device, dtype=dtype)
+            for t in tensors
+        ]
         check_same_feature_shape([t.shape for t in tensors], num_ragged_dims, "tensors")
         if partition is None:
             partition = RowPartition.from_host_shapes(
