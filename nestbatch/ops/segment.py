@@ -104,9 +104,10 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
 def _scatter_is_faster(values: Tensor, batch: NestedBatch, reduce: str) -> bool:
     """Whether ``segment_csr`` beats ``torch.segment_reduce`` here (and is installed).
 
-    Measured on 2 CPU cores (torch 2.13, torch-scatter 2.1.2): 1.1-1.9x faster for sum / mean at
-    every size tried; for amax / amin 1.4-2.5x faster with segments of 64+ rows but 3x slower
-    with segments of 16. On CUDA its CSR kernels are used for all of them.
+    Measured on 2 CPU cores (torch 2.13, torch-scatter 2.1.2): forward, 1.1-1.9x faster for
+    sum / mean at every size tried, and for amax / amin 1.4-2.5x faster with segments of 64+
+    rows but 3x slower with segments of 16; forward + backward, 0.9-2.3x (1.2x typical). On
+    CUDA its CSR kernels are used for all of them.
     """
     if not scatter_available():
         return False
