@@ -75,6 +75,11 @@ def fill_max_shape(
     -------
     Tensor
         ``(k,)`` int64.
+
+    Notes
+    -----
+    With ``partial_max_shape`` the maxima are read on the host to fill the gaps (a sync if the
+    shapes live on a GPU; kaolin keeps them on the CPU).
     """
     shape_per_tensor = torch.as_tensor(shape_per_tensor, dtype=torch.long)
     largest = shape_per_tensor.amax(0) if shape_per_tensor.shape[0] else shape_per_tensor.new_zeros(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import warnings
 from pathlib import Path
@@ -77,11 +78,8 @@ def load_extension() -> bool:
     if os.environ.get("NESTBATCH_DISABLE_CUDA_KERNELS") == "1":
         _status = "disabled by NESTBATCH_DISABLE_CUDA_KERNELS=1"
         return False
-    try:
+    if importlib.util.find_spec("nestbatch.kernels._C") is not None:
         importlib.import_module("nestbatch.kernels._C")
-    except ImportError:
-        pass
-    else:
         _status = "ahead-of-time build (nestbatch.kernels._C)"
         return True
     reason = _why_not_buildable()
