@@ -626,7 +626,11 @@ class NestedBatch(TensorMethods):
 
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
         """The samples in logical order, as views into the stored data (as ``torch.nested``'s
-        ``unbind``)."""
+        ``unbind``).
+
+        Slicing needs the per-sample sizes on the host: read once (a sync) if only the device has
+        them, then cached.
+        """
         if dim != 0:
             raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
         return tuple(self.tolist())
@@ -762,7 +766,10 @@ class NestedBatch(TensorMethods):
         return data if self._ragged_dim == 1 else data.movedim(1, self._ragged_dim)
 
     def to_pylist(self) -> list:
-        """The samples as nested Python lists of numbers (TF ``to_list``)."""
+        """The samples as nested Python lists of numbers (TF ``to_list``).
+
+        Reads every value on the host (a device sync on a GPU): the result is Python data.
+        """
         return [sample.tolist() for sample in self.tolist()]
 
     def pin_memory(self) -> NestedBatch:

@@ -181,7 +181,10 @@ def packed_to_list(
 
 
 def padded_to_list(padded_tensor: Tensor, shape_per_tensor: Tensor) -> list[Tensor]:
-    """Crop every sub-tensor out of a padded tensor ``(B, *max_shape, last_dim)`` (views)."""
+    """Crop every sub-tensor out of a padded tensor ``(B, *max_shape, last_dim)`` (views).
+
+    Reads the shapes on the host (a sync if they live on a device), as every list output does.
+    """
     batch = _batch_from_padded(padded_tensor, shape_per_tensor)
     return batch.tolist()
 

@@ -117,7 +117,6 @@ def _packed_to_padded_reference(
 packed_to_padded_op = _define("packed_to_padded", _packed_to_padded_reference)
 
 
-
 @packed_to_padded_op.register_fake
 def _(values: Tensor, offsets: Tensor, max_len: int, padding_value: Number) -> Tensor:
     return values.new_empty((offsets.shape[0] - 1, max_len, *values.shape[1:]))
@@ -151,7 +150,6 @@ def _padded_to_packed_reference(data: Tensor, offsets: Tensor, total: int) -> Te
 padded_to_packed_op = _define("padded_to_packed", _padded_to_packed_reference)
 
 
-
 @padded_to_packed_op.register_fake
 def _(data: Tensor, offsets: Tensor, total: int) -> Tensor:
     return data.new_empty((total, *data.shape[2:]))
@@ -182,7 +180,6 @@ def _fill_padding_reference(data: Tensor, sizes: Tensor, value: Number) -> Tenso
 fill_padding_op = _define("fill_padding", _fill_padding_reference)
 
 
-
 @fill_padding_op.register_fake
 def _(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
     return torch.empty_like(data, memory_format=torch.contiguous_format)
@@ -209,7 +206,6 @@ def _indexing_access_reference(
 
 
 indexing_access_op = _define("indexing_access", _indexing_access_reference)
-
 
 
 @indexing_access_op.register_fake
@@ -242,7 +238,6 @@ def _indexing_write_reference(
 
 
 indexing_write_op = _define("indexing_write", _indexing_write_reference)
-
 
 
 @indexing_write_op.register_fake
@@ -284,7 +279,6 @@ def _inverse_indexing_access_reference(
 inverse_indexing_access_op = _define("inverse_indexing_access", _inverse_indexing_access_reference)
 
 
-
 @inverse_indexing_access_op.register_fake
 def _(
     data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int, filler_value: Number
@@ -316,7 +310,6 @@ def _index_mapping_reference(
 
 
 index_mapping_op = _define("index_mapping", _index_mapping_reference)
-
 
 
 @index_mapping_op.register_fake
@@ -353,12 +346,10 @@ def _mask_to_indices_reference(mask: Tensor, max_count: int) -> tuple[Tensor, Te
     """Positions of the True entries of each row of a ``(B, N)`` mask, in increasing order:
     ``indices`` ``(B, max_count)`` int64 (padded slots 0; entries of rank ``>= max_count``
     dropped) and ``counts`` ``(B,)`` int64."""
-    indices, counts = reference.mask_to_indices(mask, max_count)
-    return indices, counts
+    return reference.mask_to_indices(mask, max_count)
 
 
 mask_to_indices_op = _define("mask_to_indices", _mask_to_indices_reference)
-
 
 
 @mask_to_indices_op.register_fake
@@ -379,7 +370,6 @@ def _indices_to_mask_reference(indices: Tensor, sizes: Tensor, num_targets: int)
 indices_to_mask_op = _define("indices_to_mask", _indices_to_mask_reference)
 
 
-
 @indices_to_mask_op.register_fake
 def _(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
     return indices.new_empty((indices.shape[0], num_targets), dtype=torch.bool)
@@ -393,7 +383,6 @@ def _bool_compaction_reference(data: Tensor, mask: Tensor, max_count: int) -> tu
 
 
 bool_compaction_op = _define("bool_compaction", _bool_compaction_reference)
-
 
 
 @bool_compaction_op.register_fake

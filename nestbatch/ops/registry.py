@@ -40,7 +40,7 @@ class OpEntry:
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
-_LOADED = {"done": False}
+_loaded = False
 
 
 def ensure_loaded() -> None:
@@ -50,16 +50,18 @@ def ensure_loaded() -> None:
     methods) while it is itself being imported, and implementation modules may import it back.
     A new module in the package needs no edit anywhere.
     """
-    if _LOADED["done"]:
+    global _loaded
+    if _loaded:
         return
-    _LOADED["done"] = True
+    # Set first: the modules being imported call back into the registry.
+    _loaded = True
     package = importlib.import_module("nestbatch.ops")
     try:
         for module in pkgutil.iter_modules(package.__path__):
             if module.name != "registry":
                 importlib.import_module(f"nestbatch.ops.{module.name}")
     except BaseException:
-        _LOADED["done"] = False
+        _loaded = False
         raise
 
 
