@@ -3,16 +3,19 @@
 Compared, for one ragged dim and sizes from B=8 to a 256 MB padded tensor:
 
 * ``nestbatch``: :func:`nestbatch.kernels.packed_to_padded` / ``padded_to_packed`` (the CUDA
-  kernel on GPU; the PyTorch implementation on CPU);
+  kernel on GPU; :mod:`nestbatch.kernels.cpu` on CPU), returning a new tensor, and the same
+  writing into a reused buffer (``out=``);
 * ``torch.nested``: ``nested_tensor_from_jagged`` + ``to_padded_tensor``, and back the aten jagged
   op that nested tensors use (``_padded_dense_to_jagged_forward``);
 * ``pad_sequence`` on a ready list of samples, and ``padded[mask]`` for the way back;
 * a per-sample Python loop;
 * a plain copy of the output's bytes into a reused buffer (``dst.copy_(src)``): the
   memory-bandwidth limit;
-* an allocating copy of the same bytes (``src.clone()``): the limit for any function that
-  returns a new tensor. On the CPU the first touch of freshly allocated pages costs as much as
-  the copy itself; on a GPU the caching allocator makes both limits the same.
+* an allocating copy of the same bytes (``src.clone()``): what any function returning a new
+  tensor pays. On the CPU the first touch of freshly allocated pages costs more than the copy
+  itself; on a GPU the caching allocator makes both limits the same;
+* on the CPU, a copy into fresh memory advised as huge pages (what nestbatch's large CPU outputs
+  use, :mod:`nestbatch.kernels.host_memory`): the limit for an allocating function here.
 
 Bandwidth counts the bytes read plus the bytes written (for the conversion: packed input plus
 padded output; for the copy: twice the output). Usage::
@@ -33,9 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import add_common_args, gbps, median_time, print_table, sync_for  # noqa: E402
 from nestbatch import kernels  # noqa: E402
+from nestbatch.kernels import host_memory  # noqa: E402
 
-# (B, max_len, feature) in float32; the last one is a 256 MB padded tensor.
-SIZES = [(8, 128, 64), (64, 256, 128), (64, 1024, 256), (256, 1024, 256)]
+# (B, max_len, feature) in float32; the last two are 256 MB padded tensors, one of wide rows and
+# one of long samples of scalars.
+SIZES = [(8, 128, 64), (64, 256, 128), (64, 1024, 256), (256, 1024, 256), (1024, 65536, 1)]
 
 
 def make_case(batch: int, max_len: int, feature: int, device: str):
@@ -46,6 +51,8 @@ def make_case(batch: int, max_len: int, feature: int, device: str):
     torch.cumsum(lengths, 0, out=offsets[1:])
     total = int(offsets[-1])
     values = torch.randn(total, feature, generator=gen).to(device)
+    if feature == 1:
+        values = values.view(total)
     return values, offsets.to(device), lengths.tolist(), total
 
 
@@ -58,7 +65,7 @@ def bench_size(batch, max_len, feature, device, warmup, repeat):
     mask = torch.arange(max_len, device=device) < offsets.diff()[:, None]
     out_bytes = padded.numel() * padded.element_size()
     in_bytes = values.numel() * values.element_size()
-    nested_size = (batch, max_len, feature)
+    nested_size = tuple(padded.shape)
 
     def loop_to_padded():
         out = values.new_zeros(nested_size)
@@ -73,21 +80,41 @@ def bench_size(batch, max_len, feature, device, warmup, repeat):
         nt = torch.nested.nested_tensor_from_jagged(values, offsets)
         return torch.nested.to_padded_tensor(nt, 0.0, output_size=nested_size)
 
+    padded_buffer = torch.empty_like(padded)
+    packed_buffer = torch.empty_like(values)
     source = torch.empty_like(padded)
     target = torch.empty_like(padded)
     copy_time = median_time(lambda: target.copy_(source), **timing)
     copy_bw = gbps(2 * out_bytes, copy_time)
     clone_time = median_time(source.clone, **timing)
     clone_bw = gbps(2 * out_bytes, clone_time)
+    references = [
+        ["copy_ into a buffer", copy_time, copy_bw],
+        ["clone (allocating)", clone_time, clone_bw],
+    ]
+    if device == "cpu":
+
+        def fresh_copy():
+            return host_memory.empty_for_write(source.shape, source).copy_(source)
+
+        fresh_time = median_time(fresh_copy, **timing)
+        fresh_bw = gbps(2 * out_bytes, fresh_time)
+        references.append(["copy into fresh huge pages", fresh_time, fresh_bw])
 
     to_padded = {
         "nestbatch": lambda: kernels.packed_to_padded(values, offsets, max_len, 0.0),
+        "nestbatch, out= a reused buffer": lambda: kernels.packed_to_padded(
+            values, offsets, max_len, 0.0, out=padded_buffer
+        ),
         "torch.nested": nested_to_padded,
         "pad_sequence (list)": lambda: pad_sequence(samples, batch_first=True),
         "per-sample loop": loop_to_padded,
     }
     to_packed = {
         "nestbatch": lambda: kernels.padded_to_packed(padded, offsets, total),
+        "nestbatch, out= a reused buffer": lambda: kernels.padded_to_packed(
+            padded, offsets, total, out=packed_buffer
+        ),
         "torch.nested (aten jagged)": lambda: torch.ops.aten._padded_dense_to_jagged_forward(
             padded, [offsets], total
         ),
@@ -95,7 +122,8 @@ def bench_size(batch, max_len, feature, device, warmup, repeat):
         "per-sample loop": loop_to_packed,
     }
     rows = []
-    label = f"B={batch} L={max_len} F={feature} ({out_bytes / 2**20:.0f} MB)"
+    features = f"F={feature}" if feature > 1 else "scalars"
+    label = f"B={batch} L={max_len} {features} ({out_bytes / 2**20:.0f} MB)"
     for direction, methods in (("packed->padded", to_padded), ("padded->packed", to_packed)):
         times = {name: median_time(fn, **timing) for name, fn in methods.items()}
         ours = times["nestbatch"]
@@ -105,9 +133,11 @@ def bench_size(batch, max_len, feature, device, warmup, repeat):
                 label, direction, name, seconds * 1e3, seconds / ours, bw,
                 100 * bw / copy_bw, 100 * bw / clone_bw,
             ])
-    nan = float("nan")
-    rows.append([label, "copy", "copy_ into a buffer", copy_time * 1e3, nan, copy_bw, 100.0, nan])
-    rows.append([label, "copy", "clone (allocating)", clone_time * 1e3, nan, clone_bw, nan, 100.0])
+    for name, seconds, bw in references:
+        rows.append([
+            label, "copy", name, seconds * 1e3, float("nan"), bw, 100 * bw / copy_bw,
+            100 * bw / clone_bw,
+        ])
     return rows
 
 

@@ -23,6 +23,7 @@ import operator
 import torch
 from torch import Tensor
 
+from nestbatch.kernels import cpu as _cpu
 from nestbatch.kernels import operators as _operators  # registers nestbatch::*
 from nestbatch.kernels.extension import extension_status, load_extension
 
@@ -98,6 +99,21 @@ def _same_device(reference: Tensor, **others: Tensor) -> None:
             raise ValueError(f"{name} is on {tensor.device}, the data on {reference.device}")
 
 
+def _check_out(out: object, shape: tuple[int, ...], source: Tensor) -> None:
+    out = _tensor("out", out)
+    if tuple(out.shape) != shape or out.dtype != source.dtype or out.device != source.device:
+        raise ValueError(
+            f"out must be a {shape} {source.dtype} tensor on {source.device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    if torch.is_grad_enabled() and (source.requires_grad or out.requires_grad):
+        raise RuntimeError(
+            "out= is not differentiable: call without out, or under torch.no_grad()"
+        )
+
+
 def _batched(name: str, data: Tensor, batch_size: int | None = None) -> Tensor:
     if data.dim() < 2:
         raise ValueError(f"{name} must have shape (B, N, *D), got {tuple(data.shape)}")
@@ -155,7 +171,12 @@ def _mask(mask: object, rows: int | None = None, width: int | None = None) -> Te
 
 # --------------------------------------------------------------------------------- conversions
 def packed_to_padded(
-    values: Tensor, offsets: Tensor, max_len: int, padding_value: float = 0.0
+    values: Tensor,
+    offsets: Tensor,
+    max_len: int,
+    padding_value: float = 0.0,
+    *,
+    out: Tensor | None = None,
 ) -> Tensor:
     """Lay packed rows out in a padded tensor (one ragged dim).
 
@@ -169,11 +190,17 @@ def packed_to_padded(
         Padded length, at least the longest sample (longer samples are truncated).
     padding_value : int, float or bool, default 0
         Filler of the slots past each sample's length.
+    out : Tensor, optional
+        A contiguous ``(B, max_len, *D)`` tensor of ``values``' dtype and device to write the
+        result into, e.g. a reused (pinned) staging buffer: on the CPU this skips the cost of
+        fresh pages, which exceeds the copy's own. Not differentiable, like PyTorch's ``out=``.
+        On CUDA the result is computed, then copied in.
 
     Returns
     -------
     Tensor
-        ``(B, max_len, *D)``; gradients flow back to ``values`` (padded slots get none).
+        ``(B, max_len, *D)`` (``out`` when given); gradients flow back to ``values`` (padded
+        slots get none).
     """
     values = _tensor("values", values)
     if values.dim() < 1:
@@ -184,10 +211,18 @@ def packed_to_padded(
     _same_device(values, offsets=offsets)
     max_len = _count("max_len", max_len)
     filler = _filler("padding_value", padding_value)
-    return _run("packed_to_padded", values, offsets, max_len, filler)
+    if out is None:
+        return _run("packed_to_padded", values, offsets, max_len, filler)
+    _check_out(out, (offsets.shape[0] - 1, max_len, *values.shape[1:]), values)
+    if values.device.type == "cpu":
+        reference = _operators._packed_to_padded_reference
+        return _cpu.packed_to_padded(values, offsets, max_len, filler, reference, out=out)
+    return out.copy_(_run("packed_to_padded", values, offsets, max_len, filler))
 
 
-def padded_to_packed(data: Tensor, offsets: Tensor, total: int) -> Tensor:
+def padded_to_packed(
+    data: Tensor, offsets: Tensor, total: int, *, out: Tensor | None = None
+) -> Tensor:
     """Gather the valid slots of a padded tensor into packed rows (one ragged dim).
 
     Parameters
@@ -198,18 +233,28 @@ def padded_to_packed(data: Tensor, offsets: Tensor, total: int) -> Tensor:
         ``(B + 1,)`` int32/int64 sample starts; every length must be at most ``L``.
     total : int
         ``offsets[-1]``, given by the caller so that no device read is needed.
+    out : Tensor, optional
+        A contiguous ``(total, *D)`` tensor of ``data``'s dtype and device to write the result
+        into (see :func:`packed_to_padded`).
 
     Returns
     -------
     Tensor
-        ``(total, *D)``, rows in sample order.
+        ``(total, *D)`` (``out`` when given), rows in sample order.
     """
     data = _batched("data", _tensor("data", data))
     offsets = _integer_tensor("offsets", offsets, 1)
     if offsets.shape[0] != data.shape[0] + 1:
         raise ValueError(f"offsets must have shape ({data.shape[0] + 1},), got {offsets.shape}")
     _same_device(data, offsets=offsets)
-    return _run("padded_to_packed", data, offsets, _count("total", total))
+    total = _count("total", total)
+    if out is None:
+        return _run("padded_to_packed", data, offsets, total)
+    _check_out(out, (total, *data.shape[2:]), data)
+    if data.device.type == "cpu":
+        reference = _operators._padded_to_packed_reference
+        return _cpu.padded_to_packed(data, offsets, total, reference, out=out)
+    return out.copy_(_run("padded_to_packed", data, offsets, total))
 
 
 def fill_padding(data: Tensor, sizes: Tensor, value: float) -> Tensor:

@@ -4,9 +4,10 @@ Every operator is a :func:`torch.library.custom_op`, so ``torch.compile`` traces
 opaque node (its fake kernel gives output shapes without running it) and ``torch.library.opcheck``
 can verify its registrations.
 
-* The device-agnostic implementation (used on the CPU, and on CUDA when the compiled extension is
-  missing) is the pure-PyTorch reference: :mod:`nestbatch.convert.packed_padded` for the
-  conversions, :mod:`nestbatch.batched_indexing` for the indexing primitives.
+* The device-agnostic implementation (used on CUDA when the compiled extension is missing, and
+  on the CPU) is the pure-PyTorch reference: :mod:`nestbatch.convert.packed_padded` for the
+  conversions, :mod:`nestbatch.batched_indexing` for the indexing primitives. On the CPU the
+  conversions run :mod:`nestbatch.kernels.cpu` instead (same results, one write per element).
 * The CUDA implementation calls the compiled kernels of ``csrc/`` (``torch.ops.nestbatch_cuda``)
   when :func:`nestbatch.kernels.extension.load_extension` succeeds, and the reference otherwise.
 * Output sizes that depend on data (the total of a batch, the largest count of a mask) are int
@@ -24,6 +25,7 @@ from torch import Tensor
 from torch.types import Number
 
 from nestbatch import batched_indexing as reference
+from nestbatch.kernels import cpu
 from nestbatch.kernels.extension import load_extension
 
 __all__ = [
@@ -46,11 +48,14 @@ def _compiled():
     return torch.ops.nestbatch_cuda if load_extension() else None
 
 
-def _define(name: str, reference_impl):
-    """Operator ``nestbatch::<name>`` running ``reference_impl`` on the CPU, and on CUDA tensors
-    the compiled kernel ``torch.ops.nestbatch_cuda.<name>`` (``reference_impl`` when the
-    extension is missing). The schema is inferred from ``reference_impl``'s annotations."""
+def _define(name: str, reference_impl, cpu_impl=None):
+    """Operator ``nestbatch::<name>`` running ``cpu_impl`` (default ``reference_impl``) on the
+    CPU, and on CUDA tensors the compiled kernel ``torch.ops.nestbatch_cuda.<name>``
+    (``reference_impl`` when the extension is missing). The schema is inferred from
+    ``reference_impl``'s annotations."""
     op = torch.library.custom_op(f"nestbatch::{name}", reference_impl, mutates_args=())
+    if cpu_impl is not None:
+        op.register_kernel("cpu")(cpu_impl)
 
     @op.register_kernel("cuda")
     def _(*args):
@@ -114,7 +119,17 @@ def _packed_to_padded_reference(
     ).contiguous()
 
 
-packed_to_padded_op = _define("packed_to_padded", _packed_to_padded_reference)
+def _packed_to_padded_cpu(
+    values: Tensor, offsets: Tensor, max_len: int, padding_value: Number
+) -> Tensor:
+    return cpu.packed_to_padded(
+        values, offsets, max_len, padding_value, reference=_packed_to_padded_reference
+    )
+
+
+packed_to_padded_op = _define(
+    "packed_to_padded", _packed_to_padded_reference, _packed_to_padded_cpu
+)
 
 
 @packed_to_padded_op.register_fake
@@ -147,7 +162,13 @@ def _padded_to_packed_reference(data: Tensor, offsets: Tensor, total: int) -> Te
     return packed_padded.reference_padded_data_to_packed(data, partition).contiguous()
 
 
-padded_to_packed_op = _define("padded_to_packed", _padded_to_packed_reference)
+def _padded_to_packed_cpu(data: Tensor, offsets: Tensor, total: int) -> Tensor:
+    return cpu.padded_to_packed(data, offsets, total, reference=_padded_to_packed_reference)
+
+
+padded_to_packed_op = _define(
+    "padded_to_packed", _padded_to_packed_reference, _padded_to_packed_cpu
+)
 
 
 @padded_to_packed_op.register_fake
@@ -177,7 +198,11 @@ def _fill_padding_reference(data: Tensor, sizes: Tensor, value: Number) -> Tenso
     return reference.fill_padding(data, sizes, value).contiguous()
 
 
-fill_padding_op = _define("fill_padding", _fill_padding_reference)
+def _fill_padding_cpu(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
+    return cpu.fill_padding(data, sizes, value, reference=_fill_padding_reference)
+
+
+fill_padding_op = _define("fill_padding", _fill_padding_reference, _fill_padding_cpu)
 
 
 @fill_padding_op.register_fake
@@ -413,11 +438,11 @@ bool_compaction_op.register_autograd(
 )
 
 
-# The device-agnostic implementation of every operator, by name: what the operator runs on the CPU.
+# What every operator runs on the CPU, by name.
 CPU_IMPLEMENTATIONS = {
-    "packed_to_padded": _packed_to_padded_reference,
-    "padded_to_packed": _padded_to_packed_reference,
-    "fill_padding": _fill_padding_reference,
+    "packed_to_padded": _packed_to_padded_cpu,
+    "padded_to_packed": _padded_to_packed_cpu,
+    "fill_padding": _fill_padding_cpu,
     "indexing_access": _indexing_access_reference,
     "indexing_write": _indexing_write_reference,
     "inverse_indexing_access": _inverse_indexing_access_reference,

@@ -1,0 +1,252 @@
+"""The CPU implementations of the conversion operators (:mod:`nestbatch.kernels.cpu`) against the
+pure-PyTorch references, on both of their paths (whole-sample blocks and row indices), and the
+huge-page output buffers of :mod:`nestbatch.kernels.host_memory`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ragged_strategies import ALL_DTYPES, make_tensor
+
+from nestbatch import kernels
+from nestbatch.kernels import cpu, host_memory, operators
+
+PATHS = {"blocks": 0, "rows": 1 << 40}  # BLOCK_ROWS forcing each path
+
+
+@pytest.fixture
+def every_size(monkeypatch):
+    """Let small test inputs take the one-write path (normally for large outputs only)."""
+    monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+
+
+def _lengths_and_offsets(lengths: list[int], index_dtype: torch.dtype):
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=offsets[1:])
+    return offsets.to(index_dtype)
+
+
+def _assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert actual.is_contiguous()
+    assert torch.equal(actual, expected)
+
+
+@st.composite
+def conversion_cases(draw):
+    lengths = draw(st.lists(st.integers(0, 6), min_size=0, max_size=6))
+    feature = draw(st.sampled_from([(), (1,), (3,), (2, 2)]))
+    dtype = draw(st.sampled_from(ALL_DTYPES))
+    extra = draw(st.integers(0, 2))
+    index_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    fill = draw(st.sampled_from([0, 1, -3, 2.5, True])) if dtype != torch.bool else True
+    if not (dtype.is_floating_point or dtype.is_complex) and isinstance(fill, float):
+        fill = 7
+    if dtype == torch.uint8 and fill == -3:
+        fill = 3
+    noncontiguous = draw(st.booleans())
+    path = draw(st.sampled_from(sorted(PATHS)))
+    return lengths, feature, dtype, extra, index_dtype, fill, noncontiguous, path
+
+
+@settings(max_examples=80, deadline=None)
+@given(conversion_cases())
+def test_conversions_match_reference(case):
+    lengths, feature, dtype, extra, index_dtype, fill, noncontiguous, path = case
+    offsets = _lengths_and_offsets(lengths, index_dtype)
+    total = sum(lengths)
+    generator = torch.Generator().manual_seed(total)
+    values = make_tensor((total, *feature), dtype, generator)
+    if noncontiguous:
+        values = make_tensor((*feature, total), dtype, generator).movedim(-1, 0)
+    max_len = max(lengths, default=0) + extra
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+        patch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+        padded = operators._packed_to_padded_cpu(values, offsets, max_len, fill)
+        expected = operators._packed_to_padded_reference(values, offsets, max_len, fill)
+        _assert_same(padded, expected)
+        source = padded.transpose(0, 1).contiguous().transpose(0, 1) if noncontiguous else padded
+        _assert_same(operators._padded_to_packed_cpu(source, offsets, total), values.contiguous())
+        sizes = torch.tensor(lengths, dtype=index_dtype) - (1 if extra else 0)
+        _assert_same(
+            operators._fill_padding_cpu(padded, sizes, fill),
+            operators._fill_padding_reference(padded, sizes, fill),
+        )
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+    values = torch.arange(24.0).view(12, 2)
+    # Offsets that start past row 0 and stop before the end: rows outside them are unused.
+    offsets = torch.tensor([2, 5, 5, 9])
+    _assert_same(
+        operators._packed_to_padded_cpu(values, offsets, 5, -1.0),
+        operators._packed_to_padded_reference(values, offsets, 5, -1.0),
+    )
+    # A sample longer than max_len is truncated (the reference's behaviour).
+    _assert_same(
+        operators._packed_to_padded_cpu(values, offsets, 3, 0.0),
+        operators._packed_to_padded_reference(values, offsets, 3, 0.0),
+    )
+    # Sizes outside [0, N] in fill_padding: negative means all padding, past N none.
+    data = torch.arange(24.0).view(3, 4, 2)
+    sizes = torch.tensor([-1, 9, 2])
+    _assert_same(
+        operators._fill_padding_cpu(data, sizes, 5.0),
+        operators._fill_padding_reference(data, sizes, 5.0),
+    )
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_empty_batch_and_empty_samples(every_size, monkeypatch, path):
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+    no_offsets = torch.zeros(1, dtype=torch.long)
+    empty = operators._packed_to_padded_cpu(torch.zeros(0, 3), no_offsets, 4, 1)
+    assert empty.shape == (0, 4, 3)
+    zeros = torch.zeros(3, dtype=torch.long)
+    padded = operators._packed_to_padded_cpu(torch.zeros(0, 3), zeros, 2, 7.0)
+    _assert_same(padded, torch.full((2, 2, 3), 7.0))
+    _assert_same(operators._padded_to_packed_cpu(padded, zeros, 0), torch.zeros(0, 3))
+
+
+def test_autograd_runs_the_reference(every_size):
+    values = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
+    offsets = torch.tensor([0, 3, 3, 7])
+    assert torch.autograd.gradcheck(lambda v: kernels.packed_to_padded(v, offsets, 5, 1.5), values)
+    padded = torch.randn(3, 5, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda p: kernels.padded_to_packed(p, offsets, 7), padded)
+    sizes = offsets.diff()
+    assert torch.autograd.gradcheck(lambda p: kernels.fill_padding(p, sizes, 0.0), padded)
+    # Through the operator, autograd uses its formula and the CPU kernel computes the values.
+    assert torch.autograd.gradcheck(
+        lambda v: torch.ops.nestbatch.packed_to_padded(v, offsets, 5, 1.5), values
+    )
+    with torch.no_grad():
+        out = kernels.packed_to_padded(values, offsets, 5, 1.5)
+    assert out.grad_fn is None
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_opcheck_on_the_one_write_path(every_size, index):
+    op, args = operators_sample_inputs()[index]
+    torch.library.opcheck(op, args)
+
+
+def operators_sample_inputs():
+    values = torch.randn(9, 3, requires_grad=True)
+    offsets = torch.tensor([0, 4, 4, 9])
+    padded = torch.randn(3, 6, 3, requires_grad=True)
+    return [
+        (torch.ops.nestbatch.packed_to_padded, (values, offsets, 6, -1.0)),
+        (torch.ops.nestbatch.padded_to_packed, (padded, offsets, 9)),
+        (torch.ops.nestbatch.fill_padding, (padded, offsets.diff(), 2.0)),
+    ]
+
+
+@pytest.mark.parametrize("feature", [(64,), ()])
+def test_large_outputs_at_default_thresholds(feature):
+    # 24+ MB outputs take the one-write path at the real thresholds: blocks for the long
+    # samples of (), row indices for the short ones of (64,).
+    batch, max_len = (96, 1024) if feature else (8, 1 << 20)
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(max_len // 2, max_len + 1, (batch,), generator=generator).tolist()
+    lengths[0] = max_len
+    offsets = _lengths_and_offsets(lengths, torch.int64)
+    values = torch.randn(sum(lengths), *feature, generator=generator)
+    padded = kernels.packed_to_padded(values, offsets, max_len, -2.0)
+    assert padded.numel() * 4 >= cpu.LARGE_OUTPUT_BYTES
+    expected = torch.nn.utils.rnn.pad_sequence(
+        values.split(lengths), batch_first=True, padding_value=-2.0
+    )
+    _assert_same(padded, expected)
+    _assert_same(kernels.padded_to_packed(padded, offsets, values.shape[0]), values)
+    refilled = kernels.fill_padding(padded, offsets.diff(), 0.0)
+    _assert_same(refilled, expected.masked_fill(expected == -2.0, 0.0))
+
+
+# ---------------------------------------------------------------------------------- host memory
+def test_empty_for_write_matches_new_empty():
+    like = torch.zeros(1, dtype=torch.float16)
+    out = host_memory.empty_for_write((3, 4), like)
+    assert out.shape == (3, 4) and out.dtype == torch.float16 and out.is_contiguous()
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that contains ``address``."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    return []
+
+
+def test_large_outputs_are_advised_as_huge_pages():
+    page = host_memory.huge_page_size()
+    if not page:
+        pytest.skip("transparent huge pages are not in madvise mode here")
+    like = torch.zeros(1)
+    out = host_memory.empty_for_write((host_memory.MIN_HUGE_PAGES * page,), like)
+    inner = -(-out.data_ptr() // page) * page
+    assert "hg" in _vm_flags(inner)  # the kernel's mark of MADV_HUGEPAGE
+    small = host_memory.empty_for_write((16,), like)
+    assert small.numel() == 16
+
+
+def test_huge_pages_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("NESTBATCH_HUGE_PAGES", "0")
+    host_memory.huge_page_size.cache_clear()
+    try:
+        assert host_memory.huge_page_size() == 0
+        out = host_memory.empty_for_write((1 << 22,), torch.zeros(1))
+        assert out.numel() == 1 << 22
+    finally:
+        monkeypatch.delenv("NESTBATCH_HUGE_PAGES")
+        host_memory.huge_page_size.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------ out=
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("offsets", [[0, 3, 3, 7], [1, 3, 3, 7]])
+def test_out_receives_the_result(monkeypatch, path, offsets):
+    monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+    values = torch.arange(16.0).view(8, 2)
+    offsets = torch.tensor(offsets, dtype=torch.int32)
+    buffer = torch.full((3, 5, 2), 99.0)
+    padded = kernels.packed_to_padded(values, offsets, 5, -1.0, out=buffer)
+    assert padded.data_ptr() == buffer.data_ptr()
+    _assert_same(buffer, operators._packed_to_padded_reference(values, offsets, 5, -1.0))
+    if int(offsets[0]) == 0:
+        rows = torch.full((7, 2), 99.0)
+        packed = kernels.padded_to_packed(buffer, offsets, 7, out=rows)
+        assert packed.data_ptr() == rows.data_ptr()
+        _assert_same(rows, values[:7])
+
+
+def test_out_is_checked():
+    values = torch.randn(7, 2)
+    offsets = torch.tensor([0, 3, 3, 7])
+    cases = [
+        (ValueError, torch.empty(3, 4, 2)),  # shape
+        (ValueError, torch.empty(3, 5, 2, dtype=torch.float64)),  # dtype
+        (ValueError, torch.empty(3, 2, 5).transpose(1, 2)),  # not contiguous
+        (TypeError, [[0.0]]),
+    ]
+    for error, out in cases:
+        with pytest.raises(error, match="out"):
+            kernels.packed_to_padded(values, offsets, 5, out=out)
+    with pytest.raises(ValueError, match="out"):
+        kernels.padded_to_packed(torch.randn(3, 5, 2), offsets, 7, out=torch.empty(6, 2))
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        kernels.packed_to_padded(values.requires_grad_(), offsets, 5, out=torch.empty(3, 5, 2))
+    with torch.no_grad():
+        kernels.packed_to_padded(values, offsets, 5, out=torch.empty(3, 5, 2))
