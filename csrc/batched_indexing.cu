@@ -104,11 +104,15 @@ at::Tensor indexing_access_cuda(const at::Tensor& data, const at::Tensor& indice
 
 at::Tensor indexing_write_cuda(const at::Tensor& to_write, const at::Tensor& indices,
                                const at::Tensor& sizes, const at::Tensor& into) {
-  TORCH_CHECK(to_write.dim() >= 2 && into.dim() == to_write.dim(),
+  TORCH_CHECK(to_write.dim() >= 2 && into.dim() == to_write.dim() &&
+                  to_write.size(0) == into.size(0) &&
+                  to_write.sizes().slice(2) == into.sizes().slice(2),
               "indexing_write: to_write (B, M, *D) and into (B, N, *D) must match");
   TORCH_CHECK(to_write.scalar_type() == into.scalar_type(),
               "indexing_write: to_write and into must have the same dtype");
   check_index_args("indexing_write", indices, sizes, into.size(0));
+  TORCH_CHECK(indices.size(1) == to_write.size(1),
+              "indexing_write: indices must have shape (B, M)");
   const c10::cuda::CUDAGuard guard(into.device());
   const at::Tensor src = to_write.contiguous();
   const at::Tensor idx = as_int64(indices);
@@ -124,6 +128,8 @@ at::Tensor inverse_indexing_access_cuda(const at::Tensor& data, const at::Tensor
   TORCH_CHECK(data.dim() >= 2, "inverse_indexing_access: data must have shape (B, M, *D)");
   TORCH_CHECK(num_targets >= 0, "inverse_indexing_access: num_targets must be non-negative");
   check_index_args("inverse_indexing_access", indices, sizes, data.size(0));
+  TORCH_CHECK(indices.size(1) == data.size(1),
+              "inverse_indexing_access: indices must have shape (B, M)");
   const c10::cuda::CUDAGuard guard(data.device());
   const at::Tensor src = data.contiguous();
   const at::Tensor idx = as_int64(indices);
@@ -138,7 +144,9 @@ at::Tensor inverse_indexing_access_cuda(const at::Tensor& data, const at::Tensor
 at::Tensor index_mapping_cuda(const at::Tensor& source, const at::Tensor& source_indices,
                               const at::Tensor& target_indices, const at::Tensor& sizes,
                               const at::Tensor& target) {
-  TORCH_CHECK(source.dim() >= 2 && target.dim() == source.dim(),
+  TORCH_CHECK(source.dim() >= 2 && target.dim() == source.dim() &&
+                  target.size(0) == source.size(0) &&
+                  target.sizes().slice(2) == source.sizes().slice(2),
               "index_mapping: source (B, Ns, *D) and target (B, Nt, *D) must match");
   TORCH_CHECK(source.scalar_type() == target.scalar_type(),
               "index_mapping: source and target must have the same dtype");

@@ -8,16 +8,19 @@
 namespace nestbatch {
 namespace {
 
-// Padded row (b, t) of a (B, L) grid reads packed row offsets[b] + t when t < length of b.
+// Padded row (b, t) of a (B, L) grid reads packed row offsets[b] + t when t < length of b. Rows
+// outside the packed values (inconsistent offsets) get the filler instead of an out-of-bounds read.
 struct PackedToPaddedMap {
   const int64_t* offsets;
   int64_t max_len;
+  int64_t num_values;
   __device__ RowPair operator()(int64_t row) const {
     const int64_t b = row / max_len;
     const int64_t t = row - b * max_len;
     const int64_t start = offsets[b];
     const int64_t length = offsets[b + 1] - start;
-    return {t < length ? start + t : -1, row};
+    const int64_t source = start + t;
+    return {(t < length && source >= 0 && source < num_values) ? source : -1, row};
   }
 };
 
@@ -72,7 +75,7 @@ at::Tensor packed_to_padded_cuda(const at::Tensor& values, const at::Tensor& off
   at::Tensor out = at::empty(shape, src.options());
   launch_row_copy(src.data_ptr(), out.data_ptr(), batch_size * max_len,
                   feature_row_bytes(src, 1), make_fill_pattern(padding_value, src.scalar_type()),
-                  PackedToPaddedMap{offs.data_ptr<int64_t>(), max_len});
+                  PackedToPaddedMap{offs.data_ptr<int64_t>(), max_len, src.size(0)});
   return out;
 }
 
