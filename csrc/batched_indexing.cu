@@ -3,6 +3,11 @@
 // Index arithmetic is int64 throughout. Indices of valid slots that are out of range are never
 // dereferenced: a gather writes the filler, a scatter skips the slot. The Python wrappers raise on
 // such indices before launching; the kernels only guarantee memory safety.
+//
+// Scatters (indexing write, inverse access, mapping) run in two passes so that every output row
+// is written exactly once: the slots first claim their target rows in a (B, N) int64 map, then a
+// gather over the output rows copies each from its claiming slot, or from the background
+// (`into` / `target`) or the filler. Duplicate targets resolve to the highest slot, whole rows.
 #include "common.cuh"
 #include "ops.h"
 
@@ -25,40 +30,62 @@ struct GatherMap {
   }
 };
 
-// Input row (b, j) of a (B, M) grid is written to output row (b, indices[b, j]) when valid.
-struct ScatterMap {
-  const int64_t* indices;
-  const int64_t* sizes;
-  int64_t width;        // M
-  int64_t num_targets;  // N
+// Slot j < sizes[b] of sample b claims output row (b, targets[b, j]) when that index, and for a
+// mapping its source index too, is in range. The highest claiming slot wins (atomicMax), so
+// duplicate targets resolve deterministically to whole rows of one slot; unclaimed rows keep -1.
+__global__ void __launch_bounds__(kThreads) claim_rows_kernel(
+    const int64_t* __restrict__ targets, const int64_t* __restrict__ sources,
+    const int64_t* __restrict__ sizes, int64_t batch_size, int64_t width, int64_t num_targets,
+    int64_t num_sources, long long* __restrict__ owners) {
+  const int64_t slots = batch_size * width;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; k < slots;
+       k += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t b = k / width;
+    const int64_t j = k - b * width;
+    if (j >= sizes[b]) continue;
+    const int64_t target = targets[k];
+    if (target < 0 || target >= num_targets) continue;
+    if (sources != nullptr && (sources[k] < 0 || sources[k] >= num_sources)) continue;
+    atomicMax(owners + b * num_targets + target, static_cast<long long>(j));
+  }
+}
+
+// Output row (b, t) of a (B, N) grid: the row of the slot j that claimed it, which is input row
+// (b, j) of a (B, M) grid, or with `sources` row (b, sources[b, j]) of a (B, Ns) grid; unclaimed
+// rows show the background (or get the filler when there is none).
+struct ClaimedRowMap {
+  const int64_t* owners;
+  const int64_t* sources;  // null: slot j reads input row (b, j)
+  int64_t width;           // M
+  int64_t num_targets;     // N
+  int64_t num_sources;     // Ns
+  bool has_background;
   __device__ RowPair operator()(int64_t row) const {
-    const int64_t b = row / width;
-    const int64_t j = row - b * width;
-    if (j >= sizes[b]) return {row, -1};
-    const int64_t index = indices[row];
-    const bool in_range = index >= 0 && index < num_targets;
-    return {row, in_range ? b * num_targets + index : -1};
+    const int64_t b = row / num_targets;
+    const int64_t j = owners[row];
+    if (j < 0) return {has_background ? kBackground : kFiller, row};
+    const int64_t slot = b * width + j;
+    return {sources != nullptr ? b * num_sources + sources[slot] : slot, row};
   }
 };
 
-// Pair (b, j): source row (b, source_indices[b, j]) -> target row (b, target_indices[b, j]).
-struct MappingMap {
-  const int64_t* source_indices;
-  const int64_t* target_indices;
-  const int64_t* sizes;
-  int64_t width;
-  int64_t num_sources;
-  int64_t num_targets;
-  __device__ RowPair operator()(int64_t row) const {
-    const int64_t b = row / width;
-    const int64_t j = row - b * width;
-    if (j >= sizes[b]) return {0, -1};
-    const int64_t s = source_indices[row];
-    const int64_t t = target_indices[row];
-    const bool in_range = s >= 0 && s < num_sources && t >= 0 && t < num_targets;
-    return {b * num_sources + s, in_range ? b * num_targets + t : -1};
-  }
-};
+// (B, N) int64: for every target row, the slot that writes it (-1: none). `sources` may be
+// undefined (no source bound to check).
+at::Tensor claim_rows(const at::Tensor& targets, const at::Tensor& sources,
+                      const at::Tensor& sizes, int64_t num_targets, int64_t num_sources) {
+  const int64_t batch_size = targets.size(0);
+  const int64_t width = targets.size(1);
+  at::Tensor owners = at::full({batch_size, num_targets}, -1, targets.options().dtype(at::kLong));
+  if (batch_size * width == 0 || num_targets == 0) return owners;
+  static_assert(sizeof(long long) == sizeof(int64_t), "atomicMax works on 64-bit slots");
+  claim_rows_kernel<<<grid_for(batch_size * width, kThreads), kThreads, 0,
+                      c10::cuda::getCurrentCUDAStream()>>>(
+      targets.data_ptr<int64_t>(), sources.defined() ? sources.data_ptr<int64_t>() : nullptr,
+      sizes.data_ptr<int64_t>(), batch_size, width, num_targets, num_sources,
+      reinterpret_cast<long long*>(owners.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return owners;
+}
 
 void check_index_args(const char* op, const at::Tensor& indices, const at::Tensor& sizes,
                       int64_t batch_size) {
@@ -72,15 +99,6 @@ std::vector<int64_t> rows_shape(const at::Tensor& like, int64_t batch_size, int6
   std::vector<int64_t> shape{batch_size, rows};
   for (int64_t d = 2; d < like.dim(); ++d) shape.push_back(like.size(d));
   return shape;
-}
-
-// Scatters the rows of `src` (B, M, *D) into `out` (B, N, *D), already holding the background.
-void scatter_rows(const at::Tensor& src, const at::Tensor& idx, const at::Tensor& lens,
-                  at::Tensor& out) {
-  launch_row_copy(src.data_ptr(), out.data_ptr(), src.size(0) * src.size(1),
-                  feature_row_bytes(src, 2), make_fill_pattern(0, src.scalar_type()),
-                  ScatterMap{idx.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), src.size(1),
-                             out.size(1)});
 }
 
 }  // namespace
@@ -117,8 +135,16 @@ at::Tensor indexing_write_cuda(const at::Tensor& to_write, const at::Tensor& ind
   const at::Tensor src = to_write.contiguous();
   const at::Tensor idx = as_int64(indices);
   const at::Tensor lens = as_int64(sizes);
-  at::Tensor out = into.clone(at::MemoryFormat::Contiguous);
-  scatter_rows(src, idx, lens, out);
+  const at::Tensor background = into.contiguous();
+  const int64_t num_targets = background.size(1);
+  const at::Tensor owners = claim_rows(idx, at::Tensor(), lens, num_targets, 0);
+  // Every output row is written once: by its claiming slot, else from `into`.
+  at::Tensor out = at::empty_like(background);
+  launch_row_copy(RowBuffers{src.data_ptr(), background.data_ptr(), out.data_ptr()},
+                  out.size(0) * num_targets, feature_row_bytes(out, 2),
+                  make_fill_pattern(0, out.scalar_type()),
+                  ClaimedRowMap{owners.data_ptr<int64_t>(), nullptr, src.size(1), num_targets, 0,
+                                true});
   return out;
 }
 
@@ -134,10 +160,13 @@ at::Tensor inverse_indexing_access_cuda(const at::Tensor& data, const at::Tensor
   const at::Tensor src = data.contiguous();
   const at::Tensor idx = as_int64(indices);
   const at::Tensor lens = as_int64(sizes);
-  // Which target rows stay filler is only known after the scatter, so the filler goes first.
-  at::Tensor out = at::full(rows_shape(src, src.size(0), num_targets), filler_value,
-                            src.options());
-  scatter_rows(src, idx, lens, out);
+  const at::Tensor owners = claim_rows(idx, at::Tensor(), lens, num_targets, 0);
+  // Every output row is written once: by its claiming slot, else with the filler.
+  at::Tensor out = at::empty(rows_shape(src, src.size(0), num_targets), src.options());
+  launch_row_copy(src.data_ptr(), out.data_ptr(), out.size(0) * num_targets,
+                  feature_row_bytes(out, 2), make_fill_pattern(filler_value, src.scalar_type()),
+                  ClaimedRowMap{owners.data_ptr<int64_t>(), nullptr, src.size(1), num_targets, 0,
+                                false});
   return out;
 }
 
@@ -158,12 +187,17 @@ at::Tensor index_mapping_cuda(const at::Tensor& source, const at::Tensor& source
   const at::Tensor s_idx = as_int64(source_indices);
   const at::Tensor t_idx = as_int64(target_indices);
   const at::Tensor lens = as_int64(sizes);
-  at::Tensor out = target.clone(at::MemoryFormat::Contiguous);
-  const int64_t width = s_idx.size(1);
-  launch_row_copy(src.data_ptr(), out.data_ptr(), src.size(0) * width, feature_row_bytes(src, 2),
-                  make_fill_pattern(0, src.scalar_type()),
-                  MappingMap{s_idx.data_ptr<int64_t>(), t_idx.data_ptr<int64_t>(),
-                             lens.data_ptr<int64_t>(), width, src.size(1), out.size(1)});
+  const at::Tensor background = target.contiguous();
+  const int64_t num_targets = background.size(1);
+  const at::Tensor owners = claim_rows(t_idx, s_idx, lens, num_targets, src.size(1));
+  // Every output row is written once: from the source row its claiming pair names, else from
+  // `target`.
+  at::Tensor out = at::empty_like(background);
+  launch_row_copy(RowBuffers{src.data_ptr(), background.data_ptr(), out.data_ptr()},
+                  out.size(0) * num_targets, feature_row_bytes(out, 2),
+                  make_fill_pattern(0, out.scalar_type()),
+                  ClaimedRowMap{owners.data_ptr<int64_t>(), s_idx.data_ptr<int64_t>(),
+                                s_idx.size(1), num_targets, src.size(1), true});
   return out;
 }
 

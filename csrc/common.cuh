@@ -26,12 +26,16 @@ namespace nestbatch {
 
 constexpr int kThreads = 256;
 
-// A row of the source is read (src >= 0) or the filler is written (src < 0); the destination row
-// is dst, or nothing is written when dst < 0 (an invalid slot of a scatter).
+// Destination row dst receives row src of the source (src >= 0), the filler (kFiller), or the
+// same row of the background tensor (kBackground: a tensor laid out like the destination, whose
+// rows show through where nothing is written). Nothing is written when dst < 0.
 struct RowPair {
   int64_t src;
   int64_t dst;
 };
+
+constexpr int64_t kFiller = -1;
+constexpr int64_t kBackground = -2;
 
 // 16 bytes holding the fill value, cast to the output dtype, repeated element after element.
 struct alignas(16) FillPattern {
@@ -91,8 +95,8 @@ inline unsigned grid_for(int64_t work_items, int64_t items_per_block) {
 // rows per warp, which are adjacent in memory for the gather/fill maps).
 template <typename Unit, typename Map>
 __global__ void __launch_bounds__(kThreads) row_copy_kernel(
-    const Unit* __restrict__ src, Unit* __restrict__ dst, int64_t num_rows,
-    int64_t units_per_row, int threads_per_row, Unit fill, Map map) {
+    const Unit* __restrict__ src, const Unit* __restrict__ background, Unit* __restrict__ dst,
+    int64_t num_rows, int64_t units_per_row, int threads_per_row, Unit fill, Map map) {
   const int lane = static_cast<int>(threadIdx.x) % threads_per_row;
   const int rows_per_block = static_cast<int>(blockDim.x) / threads_per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * rows_per_block;
@@ -102,17 +106,26 @@ __global__ void __launch_bounds__(kThreads) row_copy_kernel(
     const RowPair pair = map(row);
     if (pair.dst < 0) continue;
     Unit* out = dst + pair.dst * units_per_row;
-    if (pair.src < 0) {
+    if (pair.src == kFiller) {
       for (int64_t u = lane; u < units_per_row; u += threads_per_row) out[u] = fill;
     } else {
-      const Unit* in = src + pair.src * units_per_row;
+      const Unit* in = pair.src == kBackground ? background + pair.dst * units_per_row
+                                               : src + pair.src * units_per_row;
       for (int64_t u = lane; u < units_per_row; u += threads_per_row) out[u] = in[u];
     }
   }
 }
 
+// The memory of a row copy: `background` (may be null when the map never asks for it) is laid
+// out like `dst`.
+struct RowBuffers {
+  const void* src;
+  const void* background;
+  void* dst;
+};
+
 template <typename Unit, typename Map>
-void launch_row_copy_unit(const void* src, void* dst, int64_t num_rows, int64_t row_bytes,
+void launch_row_copy_unit(const RowBuffers& buffers, int64_t num_rows, int64_t row_bytes,
                           const FillPattern& pattern, const Map& map) {
   const int64_t units_per_row = row_bytes / static_cast<int64_t>(sizeof(Unit));
   int threads_per_row = 1;
@@ -122,34 +135,40 @@ void launch_row_copy_unit(const void* src, void* dst, int64_t num_rows, int64_t 
   std::memcpy(&fill, pattern.bytes, sizeof(Unit));
   row_copy_kernel<Unit, Map>
       <<<grid_for(num_rows, rows_per_block), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-          static_cast<const Unit*>(src), static_cast<Unit*>(dst), num_rows, units_per_row,
-          threads_per_row, fill, map);
+          static_cast<const Unit*>(buffers.src), static_cast<const Unit*>(buffers.background),
+          static_cast<Unit*>(buffers.dst), num_rows, units_per_row, threads_per_row, fill, map);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Launches the row-copy kernel with the widest vector unit that the row size and the pointers
 // allow. `num_rows` is the number of rows the map is evaluated on.
 template <typename Map>
-void launch_row_copy(const void* src, void* dst, int64_t num_rows, int64_t row_bytes,
+void launch_row_copy(const RowBuffers& buffers, int64_t num_rows, int64_t row_bytes,
                      const FillPattern& pattern, const Map& map) {
   if (num_rows == 0 || row_bytes == 0) return;
-  switch (pick_unit_bytes(row_bytes, {src, dst})) {
+  switch (pick_unit_bytes(row_bytes, {buffers.src, buffers.background, buffers.dst})) {
     case 16:
-      launch_row_copy_unit<uint4>(src, dst, num_rows, row_bytes, pattern, map);
+      launch_row_copy_unit<uint4>(buffers, num_rows, row_bytes, pattern, map);
       break;
     case 8:
-      launch_row_copy_unit<uint2>(src, dst, num_rows, row_bytes, pattern, map);
+      launch_row_copy_unit<uint2>(buffers, num_rows, row_bytes, pattern, map);
       break;
     case 4:
-      launch_row_copy_unit<uint32_t>(src, dst, num_rows, row_bytes, pattern, map);
+      launch_row_copy_unit<uint32_t>(buffers, num_rows, row_bytes, pattern, map);
       break;
     case 2:
-      launch_row_copy_unit<uint16_t>(src, dst, num_rows, row_bytes, pattern, map);
+      launch_row_copy_unit<uint16_t>(buffers, num_rows, row_bytes, pattern, map);
       break;
     default:
-      launch_row_copy_unit<uint8_t>(src, dst, num_rows, row_bytes, pattern, map);
+      launch_row_copy_unit<uint8_t>(buffers, num_rows, row_bytes, pattern, map);
       break;
   }
+}
+
+template <typename Map>
+void launch_row_copy(const void* src, void* dst, int64_t num_rows, int64_t row_bytes,
+                     const FillPattern& pattern, const Map& map) {
+  launch_row_copy(RowBuffers{src, nullptr, dst}, num_rows, row_bytes, pattern, map);
 }
 
 // Bytes of one feature row of a tensor whose first `lead_dims` dims index rows.

@@ -103,6 +103,22 @@ def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
     )
 
 
+@pytest.mark.parametrize("feature", [(), (64,)])
+@pytest.mark.parametrize("one_write", [True, False])
+def test_samples_longer_than_max_len_are_cut(monkeypatch, feature, one_write):
+    # Long samples take the block paths (pad_sequence, or the one-write blocks).
+    if one_write:
+        monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+    lengths = [1500, 200, 1000]
+    values = torch.randn(sum(lengths), *feature)
+    padded = kernels.packed_to_padded(values, _lengths_and_offsets(lengths, torch.int64), 1000, 0.5)
+    assert padded.shape == (3, 1000, *feature)
+    for sample, length, row in zip(values.split(lengths), lengths, padded):
+        kept = min(length, 1000)
+        assert torch.equal(row[:kept], sample[:kept])
+        assert bool((row[kept:] == 0.5).all())
+
+
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_empty_batch_and_empty_samples(every_size, monkeypatch, path):
     monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])

@@ -136,18 +136,19 @@ def row_bytes(t: Tensor, lead_dims: int) -> int:
     return math.prod(t.shape[lead_dims:]) * t.element_size()
 
 
-def run_row_copy(call: Callable[[], Tensor], unit: int | None) -> Tensor:
+def run_row_copy(call: Callable[[], Tensor], unit: int | None, launches: int = 1) -> Tensor:
     """Run an operator whose last launch is the row copy, and check the vector unit it used
-    (``unit=None``: nothing to copy, so no launch may happen)."""
-    launches = build.state()["launches"]
+    (``unit=None``: nothing to copy, so no launch may happen). ``launches`` counts the operator's
+    launches: 2 for the scatters, whose slots claim their target rows first."""
+    before = build.state()["launches"]
     out = call()
     state = build.state()
     if unit is None:
-        assert state["launches"] == launches
+        assert state["launches"] == before
     else:
-        assert state["launches"] == launches + 1
+        assert state["launches"] == before + launches
         assert state["last_kernel"] == "row_copy_kernel<Unit, Map>"
-        assert state["last_pointee_bytes"] == [unit, unit]
+        assert state["last_pointee_bytes"] == [unit, unit, unit]  # src, background, dst
     return out
 
 
@@ -448,7 +449,8 @@ def test_indexing_exact(kern, dtype, index_dtype, feature):
     assert_same(
         run_row_copy(
             lambda: kern.indexing_write(to_write, uindices, usizes, into),
-            expected_unit(row_bytes(to_write, 2), to_write),
+            expected_unit(row_bytes(to_write, 2), to_write, into),
+            launches=2,
         ),
         expected,
     )
@@ -522,6 +524,45 @@ def test_indexing_edge_cases(kern, index_dtype):
         kern.indexing_access(data, indices.clamp(max=4), big, 0),
         bi.indexing_access(data, indices.clamp(max=4), big, 0),
     )
+
+
+def _last_slot_wins(rows: Tensor, indices: Tensor, sizes: Tensor, background: Tensor) -> Tensor:
+    """Plain loop: scatter ``rows[b, j]`` to ``indices[b, j]`` in slot order (later slots win)."""
+    out = background.clone()
+    for b in range(indices.shape[0]):
+        for j in range(min(int(sizes[b]), indices.shape[1])):
+            out[b, int(indices[b, j])] = rows[b, j]
+    return out
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "shuffled"])
+@pytest.mark.parametrize("feature", [(), (3,), (64,)])
+def test_duplicate_targets_resolve_to_the_last_slot(kern, schedule, feature):
+    """Scatters claim their target rows first, so a target written by several slots receives the
+    whole row of the highest slot, whatever order the threads run in."""
+    gen = torch.Generator().manual_seed(11)
+    batch, width, targets = 4, 12, 5  # more slots than targets: duplicates for sure
+    indices = torch.randint(0, targets, (batch, width), generator=gen)
+    sizes = torch.tensor([12, 7, 0, 3])
+    rows = random_values((batch, width, *feature), torch.float32, gen)
+    into = random_values((batch, targets, *feature), torch.float32, gen)
+    filler = torch.full_like(into, -1.0)
+    sources = torch.randint(0, 6, (batch, width), generator=gen)
+    source = random_values((batch, 6, *feature), torch.float32, gen)
+    gathered = torch.stack([source[b, sources[b]] for b in range(batch)])
+    with emulation_settings(schedule=schedule, seed=3, sms=1):
+        assert_same(
+            kern.indexing_write(rows, indices, sizes, into),
+            _last_slot_wins(rows, indices, sizes, into),
+        )
+        assert_same(
+            kern.inverse_indexing_access(rows, indices, sizes, targets, -1.0),
+            _last_slot_wins(rows, indices, sizes, filler),
+        )
+        assert_same(
+            kern.index_mapping(source, sources, indices, sizes, into),
+            _last_slot_wins(gathered, indices, sizes, into),
+        )
 
 
 def _out_of_range(index_dtype: torch.dtype, bound: int) -> list[int]:

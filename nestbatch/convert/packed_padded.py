@@ -139,8 +139,11 @@ def _pad_blocks(
     values: Tensor, partition: RowPartition, max_len: int, padding_value: float
 ) -> Tensor:
     # pad_sequence copies the blocks in one C++ loop; extra length (kaolin's max_shape) is
-    # padded on after.
-    blocks = values.split(list(partition.host_lengths))
+    # padded on after, and samples longer than max_len are cut (the operators' contract).
+    lengths = partition.host_lengths
+    blocks = values.split(list(lengths))
+    if max(lengths) > max_len:
+        blocks = [block[:max_len] for block in blocks]
     out = pad_sequence(blocks, batch_first=True, padding_value=padding_value)
     if out.shape[1] < max_len:
         tail = out.new_full((out.shape[0], max_len - out.shape[1], *out.shape[2:]), padding_value)

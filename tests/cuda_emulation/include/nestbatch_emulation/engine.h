@@ -226,6 +226,17 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
   return nestbatch_emulation::shuffle(mask, var, later ? lane : source, "__shfl_xor_sync");
 }
 
+// ------------------------------------------------------------------------------------- atomics
+// Launches run one at a time and a fiber only yields at a barrier or a warp exchange, so a plain
+// read-modify-write is atomic here. Returns the old value, as CUDA's atomics do.
+template <typename T>
+T atomicMax(T* address, T value) {
+  static_assert(std::is_integral_v<T>, "atomicMax takes integer slots");
+  const T old = *address;
+  if (value > old) *address = value;
+  return old;
+}
+
 // ---------------------------------------------------------------------- CUDA runtime functions
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
