@@ -126,6 +126,22 @@ def test_mask_ops_exact(compiled, width):
         _equal(counts, ref_counts)
 
 
+@pytest.mark.parametrize("feature", [(), (3,), (64,)])
+def test_duplicate_targets_resolve_to_the_last_slot(compiled, feature):
+    gen = torch.Generator().manual_seed(11)
+    batch, width, targets = 4, 300, 5  # many slots per target: real contention on the GPU
+    indices = torch.randint(0, targets, (batch, width), generator=gen)
+    sizes = torch.tensor([300, 70, 0, 3])
+    rows = torch.randn(batch, width, *feature, generator=gen)
+    into = torch.randn(batch, targets, *feature, generator=gen)
+    expected = into.clone()
+    for b in range(batch):
+        for j in range(int(sizes[b])):
+            expected[b, int(indices[b, j])] = rows[b, j]
+    args = [t.cuda() for t in (rows, indices, sizes, into)]
+    _equal(compiled.indexing_write(*args), expected.cuda())
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_gradients_exact(dtype):
     """Autograd through the compiled kernels vs through the PyTorch references."""

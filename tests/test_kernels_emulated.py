@@ -30,7 +30,7 @@ from cuda_emulation import build
 from cuda_emulation.build import emulation_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_kernels import index_case, mask_case, ragged_case, random_values
+from test_kernels import DTYPES, index_case, mask_case, ragged_case, random_values
 from torch import Tensor
 
 from nestbatch import batched_indexing as bi
@@ -39,18 +39,7 @@ from nestbatch.kernels import operators
 pytestmark = pytest.mark.emulation
 
 #: Every dtype the kernels dispatch over (AT_ALL_TYPES plus Half, BFloat16 and Bool).
-KERNEL_DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-]
+KERNEL_DTYPES = [*DTYPES, torch.uint8, torch.int8, torch.int16]
 #: Feature shapes whose rows take every vector unit: 1/2/4/8/16-byte units, one or many per row.
 FEATURES = [(), (1,), (3,), (8,), (2, 5), (64,)]
 INDEX_DTYPES = [torch.int32, torch.int64]

@@ -118,7 +118,7 @@ def packed_to_padded(
     """
     batch = offsets.shape[0] - 1
     shape = (batch, max_len, *values.shape[1:])
-    large = out is not None or math.prod(shape) * values.element_size() >= LARGE_OUTPUT_BYTES
+    large = math.prod(shape) * values.element_size() >= LARGE_OUTPUT_BYTES
     if not (large and _applies(values, offsets)):
         return _into(reference(values, offsets, max_len, padding_value), out)
     lengths = _regular_lengths(offsets, max_len)
