@@ -268,3 +268,48 @@ def test_out_is_checked():
         kernels.packed_to_padded(values.requires_grad_(), offsets, 5, out=torch.empty(3, 5, 2))
     with torch.no_grad():
         kernels.packed_to_padded(values, offsets, 5, out=torch.empty(3, 5, 2))
+
+
+# ------------------------------------------------------------------------------------- gathers
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(0, 5),
+    sources=st.integers(0, 6),
+    width=st.integers(0, 7),
+    feature=st.sampled_from([(), (1,), (3,), (2, 2)]),
+    dtype=st.sampled_from(ALL_DTYPES),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+    seed=st.integers(0, 2**16),
+)
+def test_gathers_match_reference(batch, sources, width, feature, dtype, index_dtype, seed):
+    generator = torch.Generator().manual_seed(seed)
+    data = make_tensor((batch, sources, *feature), dtype, generator)
+    sizes = torch.randint(0, width + 2, (batch,), generator=generator)  # may exceed width
+    if sources == 0:
+        sizes.zero_()  # nothing can be indexed
+    # Valid slots in range; padded slots hold garbage, out of range too.
+    indices = torch.randint(0, max(sources, 1), (batch, width), generator=generator)
+    padded = torch.arange(width) >= sizes.unsqueeze(1)
+    indices = indices.masked_fill(padded, 10**6).to(index_dtype)
+    sizes = sizes.to(index_dtype)
+    fill = True if dtype == torch.bool else 3
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+        _assert_same(
+            operators._indexing_access_cpu(data, indices, sizes, fill),
+            operators._indexing_access_reference(data, indices, sizes, fill),
+        )
+        mask = make_tensor((batch, sources), torch.bool, generator)
+        count = int(mask.sum(1).max()) if batch else 0
+        for actual, expected in zip(
+            operators._bool_compaction_cpu(data, mask, count),
+            operators._bool_compaction_reference(data, mask, count),
+        ):
+            _assert_same(actual, expected)
+
+
+def test_gather_autograd_runs_the_reference(every_size):
+    data = torch.randn(3, 4, 2, dtype=torch.float64, requires_grad=True)
+    indices = torch.tensor([[0, 3, 3], [1, 0, 9], [2, 2, 2]])
+    sizes = torch.tensor([3, 2, 0])
+    assert torch.autograd.gradcheck(lambda d: kernels.indexing_access(d, indices, sizes, 1.0), data)

@@ -1,4 +1,4 @@
-"""CPU implementations of the conversion operators: one write per output element.
+"""CPU implementations of the conversion and gather operators: one write per output element.
 
 The pure-PyTorch references (:mod:`nestbatch.convert.packed_padded`,
 :mod:`nestbatch.batched_indexing`) are written for autograd and for every device: they gather
@@ -28,7 +28,7 @@ from torch.types import Number
 
 from nestbatch.kernels.host_memory import empty_for_write
 
-__all__ = ["fill_padding", "packed_to_padded", "padded_to_packed"]
+__all__ = ["fill_padding", "indexing_access", "packed_to_padded", "padded_to_packed"]
 
 #: Padded outputs from this size on take the one-write path; smaller ones are built by the
 #: reference (``pad_sequence``'s C++ loop, or a gather), whose fixed costs are lower while the C
@@ -179,4 +179,27 @@ def fill_padding(data: Tensor, sizes: Tensor, value: Number, reference) -> Tenso
     out.copy_(data)
     outside = _rows_outside(lengths, width, int(lengths.sum()))
     out.view(batch * width, *data.shape[2:]).index_fill_(0, outside, value)
+    return out
+
+
+def indexing_access(
+    data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number, reference
+) -> Tensor:
+    """Per-sample gather ``(B, N, *D)`` -> ``(B, M, *D)``, filler for slots ``j >= sizes[b]``
+    (``nestbatch::indexing_access`` on the CPU). ``reference`` computes the same thing where
+    this path does not apply; indices of valid slots must be in range (the caller checks)."""
+    batch, width = indices.shape
+    shape = (batch, width, *data.shape[2:])
+    large = math.prod(shape) * data.element_size() >= LARGE_OUTPUT_BYTES
+    if not (large and data.shape[1] > 0 and _applies(data, indices)):
+        return reference(data, indices, sizes, filler_value)
+    valid = torch.arange(width) < sizes.long().unsqueeze(1)
+    # Padded slots may hold any index: read row 0 of their sample, then overwrite them.
+    rows = torch.where(valid, indices.long(), 0)
+    rows += torch.arange(batch).unsqueeze(1) * data.shape[1]
+    flat = data.reshape(batch * data.shape[1], *data.shape[2:])
+    out = empty_for_write(shape, like=data)
+    gathered = out.view(batch * width, *data.shape[2:])
+    torch.index_select(flat, 0, rows.view(-1), out=gathered)
+    gathered.index_fill_(0, (~valid).view(-1).nonzero().squeeze(1), filler_value)
     return out

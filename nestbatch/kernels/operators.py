@@ -230,7 +230,15 @@ def _indexing_access_reference(
     return reference.indexing_access(data, indices, sizes, filler_value).contiguous()
 
 
-indexing_access_op = _define("indexing_access", _indexing_access_reference)
+def _indexing_access_cpu(
+    data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number
+) -> Tensor:
+    return cpu.indexing_access(
+        data, indices, sizes, filler_value, reference=_indexing_access_reference
+    )
+
+
+indexing_access_op = _define("indexing_access", _indexing_access_reference, _indexing_access_cpu)
 
 
 @indexing_access_op.register_fake
@@ -407,7 +415,12 @@ def _bool_compaction_reference(data: Tensor, mask: Tensor, max_count: int) -> tu
     return reference.indexing_access(data, indices, counts, 0).contiguous(), counts
 
 
-bool_compaction_op = _define("bool_compaction", _bool_compaction_reference)
+def _bool_compaction_cpu(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+    indices, counts = _mask_to_indices_reference(mask, max_count)
+    return _indexing_access_cpu(data, indices, counts, 0), counts
+
+
+bool_compaction_op = _define("bool_compaction", _bool_compaction_reference, _bool_compaction_cpu)
 
 
 @bool_compaction_op.register_fake
@@ -443,11 +456,11 @@ CPU_IMPLEMENTATIONS = {
     "packed_to_padded": _packed_to_padded_cpu,
     "padded_to_packed": _padded_to_packed_cpu,
     "fill_padding": _fill_padding_cpu,
-    "indexing_access": _indexing_access_reference,
+    "indexing_access": _indexing_access_cpu,
     "indexing_write": _indexing_write_reference,
     "inverse_indexing_access": _inverse_indexing_access_reference,
     "index_mapping": _index_mapping_reference,
     "mask_to_indices": _mask_to_indices_reference,
     "indices_to_mask": _indices_to_mask_reference,
-    "bool_compaction": _bool_compaction_reference,
+    "bool_compaction": _bool_compaction_cpu,
 }
