@@ -11,10 +11,12 @@ copies). On the CPU the conversions can do better:
   long samples as whole blocks (one ``torch.cat`` over the samples and their padding), short ones
   through one row index per packed row (``index_copy_`` / ``index_select``), which costs 8 bytes
   of index per row but no per-sample Python work.
+  (``fill_padding`` is the exception: it copies the data, then overwrites the padded rows.)
 
 These paths are not differentiable (``out=`` ops are not), so a call that autograd must record
-runs the reference instead; so do inputs outside the operators' normal contract (offsets that do
-not start at 0, lengths over the padded length), where the reference defines the behaviour.
+runs the reference instead; so do inputs outside the operators' normal contract (decreasing
+offsets, samples longer than the padded length, packed offsets that do not start at 0), where the
+reference defines the behaviour.
 Everything here reads only host memory: no synchronization questions arise.
 """
 
