@@ -929,10 +929,22 @@ class RaggedBatch:
     def to_nested_batch(self) -> NestedBatch:
         """Convert to a :class:`nestbatch.NestedBatch` (padded layout, zero copy).
 
-        Requires a single batch dim. The padded tensor is shared when the
-        non-uniform dim is already 1; otherwise a ``movedim`` view is shared.
-        The filler values are unspecified (``padding_value=None``) and the
-        sizes are trusted (no validation, no synchronization).
+        The inverse of :meth:`from_nested_batch`: the batch presents its ragged dim at
+        ``ragged_dim == non_uniform_dim``, so ``nb.tolist()`` gives this batch's samples in
+        their own dim order, and ``RaggedBatch.from_nested_batch(nb)`` shares this tensor
+        again with the same ``non_uniform_dim``.
+
+        Requires a single batch dim. The stored padded data is the tensor itself when the
+        non-uniform dim is 1, otherwise its ``movedim(non_uniform_dim, 1)`` view (the
+        stored order keeps the ragged dim first). The filler values are unspecified
+        (``padding_value=None``) and the sizes are trusted (no validation, no
+        synchronization).
+
+        Returns
+        -------
+        NestedBatch
+            ``B`` samples of shape ``(*before, size_i, *after)``, with
+            ``ragged_dim == non_uniform_dim``.
         """
         from .batch import NestedBatch
 
@@ -941,7 +953,8 @@ class RaggedBatch:
                 f"to_nested_batch needs a single batch dim, got {self._num_batch_dims}"
             )
         tensor = self._tensor.movedim(self._non_uniform_dim, 1)
-        return NestedBatch.from_padded(tensor, lengths=self.sample_sizes.long(), validate=False)
+        nb = NestedBatch.from_padded(tensor, lengths=self.sample_sizes.long(), validate=False)
+        return nb._with_ragged_dim(self._non_uniform_dim)
 
     @classmethod
     def from_nested_batch(cls, nb: NestedBatch) -> RaggedBatch:
@@ -952,10 +965,13 @@ class RaggedBatch:
         the largest sample, a narrowed view is used, which reads the maximum
         length on the host (may synchronize once).
 
+        The inverse of :meth:`to_nested_batch`.
+
         Parameters
         ----------
         nb : NestedBatch
-            Batch with samples of shape ``(length, *feature)``.
+            Batch with samples of shape ``(length, *feature)``, or ``(*before, length,
+            *after)`` when its ragged dim is at logical dim ``nb.ragged_dim``.
 
         Returns
         -------

@@ -322,13 +322,40 @@ def test_nested_batch_roundtrip_shares_memory():
     back = RaggedBatch.from_nested_batch(nb)
     assert back.tensor.data_ptr() == t.data_ptr()
     assert torch.equal(back.sample_sizes, torch.tensor([1, 4, 0]))
+    # A moved non-uniform dim becomes the batch's ragged_dim: samples read the same.
     moved = RaggedBatch(t.transpose(1, 2), sample_sizes=torch.tensor([1, 4, 0]), non_uniform_dim=2)
     nb2 = moved.to_nested_batch()
-    assert nb2.padded(None).data.data_ptr() == t.data_ptr()
-    for got, ref in zip(nb2.tolist(), _samples(rb)):
+    assert nb2.ragged_dim == 2 and nb2.sample_shape == (2, None)
+    assert nb2.padded(None).data.data_ptr() == t.data_ptr()  # stored order: (B, max_len, 2)
+    assert nb2.layout.value == "padded"
+    samples2 = _samples(moved)
+    assert [s.shape for s in samples2] == [(2, 1), (2, 4), (2, 0)]
+    for got, ref in zip(nb2.tolist(), samples2):
         assert torch.equal(got, ref)
+    back2 = RaggedBatch.from_nested_batch(nb2)
+    assert back2.non_uniform_dim == 2
+    assert back2.tensor.data_ptr() == t.data_ptr()
+    assert back2.tensor.shape == moved.tensor.shape
+    assert back2.tensor.stride() == moved.tensor.stride()
+    assert torch.equal(back2.sample_sizes, torch.tensor([1, 4, 0]))
     with pytest.raises(ValueError, match="single batch dim"):
         rb.unsqueeze_batch_dim(0).to_nested_batch()
+
+
+@given(rb=ragged_batches().filter(lambda rb: rb.num_batch_dims == 1))
+@SETTINGS
+def test_nested_batch_conversion_is_the_inverse_of_from_nested_batch(rb):
+    nb = rb.to_nested_batch()
+    assert nb.ragged_dim == rb.non_uniform_dim
+    samples = nb.tolist()
+    assert len(samples) == rb.batch_shape[0]
+    for got, ref in zip(samples, _samples(rb)):
+        assert torch.equal(got, ref)
+    back = RaggedBatch.from_nested_batch(nb)
+    assert back.non_uniform_dim == rb.non_uniform_dim
+    assert back.tensor.data_ptr() == rb.tensor.data_ptr()
+    assert torch.equal(back.tensor, rb.tensor)  # the strategy pads to the largest sample
+    assert torch.equal(back.sample_sizes.long(), rb.sample_sizes.long())
 
 
 def test_nested_batch_and_ragged_batch_convert_both_ways_at_top_level():

@@ -224,10 +224,9 @@ def test_linear_and_layer_norm_on_feature_dims():
 
 def test_unsupported_ops_name_the_op_and_the_fix():
     y, _ = _heads()
-    with pytest.raises(TypeError, match=r"torch\.cat .*transpose the ragged dim back"):
-        torch.cat([y, y])
-    with pytest.raises(TypeError, match="reshape.*transpose the ragged dim back"):
-        y.reshape(4, 2, -1, 4)
+    indices = nestbatch.nested([torch.randint(0, 5, (n, 2)) for n in LENGTHS]).transpose(1, 2)
+    with pytest.raises(TypeError, match=r"embedding_bag .*transpose the ragged dim back"):
+        F.embedding_bag(indices, torch.randn(5, 3))
     with pytest.raises(ValueError, match="to_packed_sequence.*transpose the ragged dim back"):
         y.to_packed_sequence()
     with pytest.raises(ValueError, match="to_nested_tensor"):
@@ -359,3 +358,308 @@ def test_to_ragged_batch_keeps_the_logical_order():
     assert ragged.non_uniform_dim == 2
     for i, e in enumerate(expected):
         torch.testing.assert_close(ragged.tensor[i][:, : e.shape[1]], e)
+
+
+# ------------------------------------------------------------- cat / stack / tile / reshape
+# Logical sample shapes with None at the ragged dim: feature dims on both sides of it (ragged_dim
+# 2 and 3) and after every feature dim (ragged_dim 4).
+MOVED_SHAPES = [(2, None, 3, 4), (2, 3, None, 4), (2, 3, 4, None)]
+
+
+def _moved(sample_shape, lengths=LENGTHS, layout=Layout.PACKED, seed=0, dtype=torch.float64):
+    """A batch whose ragged dim is at ``sample_shape.index(None) + 1``, and its logical samples.
+
+    Built independently of the ops under test: each logical sample is drawn, stored with the
+    ragged dim first (``movedim``), and the batch's dim moved back to the logical position.
+    """
+    rd = sample_shape.index(None) + 1
+    g = torch.Generator().manual_seed(seed)
+    logical = [
+        torch.randn(*(n if s is None else s for s in sample_shape), generator=g, dtype=dtype)
+        for n in lengths
+    ]
+    feature = tuple(s for s in sample_shape if s is not None)
+    rows = [t.movedim(rd - 1, 0).reshape(-1, *feature) for t in logical]
+    values = torch.cat(rows) if rows else torch.zeros(0, *feature, dtype=dtype)
+    batch = NestedBatch.from_lengths(values, list(lengths))
+    if layout is not Layout.PACKED:
+        batch = batch.to(layout)
+    batch = batch.movedim(1, rd)
+    assert batch.ragged_dim == rd and batch.sample_shape == tuple(sample_shape)
+    return batch, logical
+
+
+def _with(shape, at, size):
+    return tuple(size if d == at else s for d, s in enumerate(shape))
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+@pytest.mark.parametrize("sample_shape", MOVED_SHAPES)
+def test_cat_along_every_logical_dim(sample_shape, layout):
+    rd = sample_shape.index(None) + 1
+    a, a_samples = _moved(sample_shape, layout=layout)
+    ndim = a.dim()
+    for dim in range(ndim):
+        if dim == 0:
+            b, b_samples = _moved(sample_shape, lengths=(2, 0, 1), layout=layout, seed=1)
+            expected = a_samples + b_samples
+        elif dim == rd:
+            b, b_samples = _moved(sample_shape, lengths=(1, 2, 0, 3), layout=layout, seed=1)
+            expected = [torch.cat([x, y], rd - 1) for x, y in zip(a_samples, b_samples)]
+        else:  # a feature dim: b has another size there, the same lengths
+            b, b_samples = _moved(_with(sample_shape, dim - 1, 5), layout=layout, seed=1)
+            expected = [torch.cat([x, y], dim - 1) for x, y in zip(a_samples, b_samples)]
+        for d in (dim, dim - ndim):
+            out = torch.cat([a, b], d)
+            assert out.ragged_dim == rd
+            _close(out.tolist(), expected)
+    _close(torch.concat([a, a, a], dim=rd).tolist(),
+           [torch.cat([x, x, x], rd - 1) for x in a_samples])
+    _close(torch.concatenate((a, a), axis=0).tolist(), a_samples + a_samples)
+
+
+@pytest.mark.parametrize("sample_shape", MOVED_SHAPES)
+def test_cat_with_dense_items_reads_them_in_logical_order(sample_shape):
+    rd = sample_shape.index(None) + 1
+    a, a_samples = _moved(sample_shape)
+    dense = torch.randn(2, *_with(sample_shape, rd - 1, 3), dtype=torch.float64)
+    out = torch.cat([a, dense])
+    assert out.ragged_dim == rd
+    _close(out.tolist(), a_samples + list(dense))
+    _close(torch.cat([dense, a]).tolist(), list(dense) + a_samples)
+    empty = dense[:0]
+    _close(torch.cat([a, empty]).tolist(), a_samples)
+    rows = torch.randn(len(LENGTHS), *_with(sample_shape, rd - 1, 2), dtype=torch.float64)
+    _close(torch.cat([a, rows], rd).tolist(),
+           [torch.cat([x, y], rd - 1) for x, y in zip(a_samples, rows)])
+
+
+@pytest.mark.parametrize("lengths", [(0, 0), (4,), ()])
+def test_cat_of_zero_length_single_and_empty_batches(lengths):
+    shape = (2, None, 3)
+    a, a_samples = _moved(shape, lengths=lengths)
+    b, b_samples = _moved(shape, lengths=tuple(reversed(lengths)), seed=1)
+    _close(torch.cat([a, b]).tolist(), a_samples + b_samples)
+    _close(torch.cat([a, b], 2).tolist(), [torch.cat([x, y], 1) for x, y in zip(a_samples,
+                                                                              b_samples)])
+    c, c_samples = _moved((4, None, 3), lengths=lengths, seed=2)
+    out = torch.cat([a, c], 1)
+    assert out.ragged_dim == 2 and out.batch_size == len(lengths)
+    _close(out.tolist(), [torch.cat([x, y], 0) for x, y in zip(a_samples, c_samples)])
+
+
+def test_cat_needs_the_same_ragged_position():
+    a, _ = _moved((2, None, 3, 4))
+    b, _ = _moved((2, 3, None, 4))
+    for dim in (0, 2, -1):
+        with pytest.raises(ValueError, match="same logical dim, got ragged_dim 2 and 3"):
+            torch.cat([a, b], dim)
+    unmoved = nestbatch.nested(_samples(2, 4))
+    with pytest.raises(ValueError, match="ragged_dim 1 and 2"):
+        torch.cat([unmoved, _heads()[0]])
+    with pytest.raises(ValueError, match="same sample shape"):
+        torch.cat([a, _moved((2, None, 3, 5))[0]])
+    with pytest.raises(ValueError, match="same row structure"):
+        torch.cat([a, _moved((2, None, 3, 4), lengths=(1, 1, 1, 1))[0]], 3)
+
+
+@pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])
+@pytest.mark.parametrize("sample_shape", MOVED_SHAPES)
+def test_stack_at_every_allowed_position(sample_shape, layout):
+    rd = sample_shape.index(None) + 1
+    a, a_samples = _moved(sample_shape, layout=layout)
+    b, b_samples = _moved(sample_shape, layout=layout, seed=1)
+    b = b.to(Layout.PACKED)  # same structure, other layout and partition object
+    ndim = a.dim() + 1
+    for dim in range(1, ndim):
+        if dim == rd:
+            continue
+        for d in (dim, dim - ndim):
+            out = torch.stack([a, b, a], d)
+            assert out.ragged_dim == (rd + 1 if dim < rd else rd)
+            _close(out.tolist(), [torch.stack([x, y, x], dim - 1)
+                                  for x, y in zip(a_samples, b_samples)])
+
+
+def test_stack_of_zero_length_single_and_empty_batches():
+    for lengths in [(0, 2, 0), (3,), ()]:
+        a, samples = _moved((2, None, 3), lengths=lengths)
+        out = torch.stack([a, a * 2], 1)
+        assert out.ragged_dim == 3 and out.batch_size == len(lengths)
+        _close(out.tolist(), [torch.stack([x, x * 2], 0) for x in samples])
+
+
+def test_stack_refuses_the_batch_and_ragged_positions():
+    y, _ = _heads()  # (B, 2, j, 4)
+    for dim in (0, 2, -3):
+        with pytest.raises(ValueError, match=r"cannot take the position.*ragged dim \(2\)"):
+            torch.stack([y, y], dim)
+    x = nestbatch.nested(_samples(3))  # never moved: unchanged, the new dim goes after j
+    with pytest.raises(ValueError, match=r"ragged dim \(1\)"):
+        torch.stack([x, x], 1)
+    two = nestbatch.nested([torch.ones(2, 3, 4)], num_ragged_dims=2)
+    with pytest.raises(ValueError, match=r"ragged dims \(1\.\.2\)"):
+        torch.stack([two, two], 2)
+    assert torch.stack([two, two], 3).tolist()[0].shape == (2, 3, 2, 4)
+    z, _ = _moved((2, 4, None))
+    with pytest.raises(ValueError, match="ragged_dim 2 and 3"):
+        torch.stack([y, z], 1)
+    with pytest.raises(ValueError, match="same row structure"):
+        torch.stack([y, _heads(lengths=(1, 1, 1, 1))[0]], 1)
+    with pytest.raises(IndexError, match="out of range"):
+        torch.stack([y, y], 5)
+
+
+TILE_REPS = [(1, 1, 1, 1, 1), (2, 1, 1, 1, 1), (1, 2, 1, 1, 1), (1, 1, 2, 1, 1),
+             (1, 1, 1, 2, 1), (1, 1, 1, 1, 3), (3, 2, 1, 2, 2), (1, 0, 1, 1, 1),
+             (1, 1, 0, 1, 1), (0, 1, 1, 1, 1), (1, 2), (2,), ()]
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+@pytest.mark.parametrize("sample_shape", MOVED_SHAPES)
+def test_tile_and_repeat_take_reps_in_logical_order(sample_shape, layout):
+    rd = sample_shape.index(None) + 1
+    x, samples = _moved(sample_shape, layout=layout)
+    for reps in TILE_REPS:
+        full = (1,) * (x.dim() - len(reps)) + reps
+        expected = [torch.tile(s, full[1:]) for s in samples] * full[0]
+        out = torch.tile(x, reps)
+        assert out.ragged_dim == rd
+        _close(out.tolist(), expected)
+        _close(x.tile(reps).tolist(), expected)
+        if len(reps) == x.dim():
+            _close(x.repeat(*reps).tolist(), [s.repeat(*full[1:]) for s in samples] * full[0])
+    with pytest.raises(ValueError, match="can't be smaller"):
+        x.repeat(2, 2)
+
+
+def test_tile_zero_length_single_and_empty_batches():
+    for lengths in [(0, 2, 0), (3,), ()]:
+        x, samples = _moved((2, None, 3), lengths=lengths)
+        for reps in [(2, 2, 3, 1), (1, 1, 2, 2)]:
+            _close(torch.tile(x, reps).tolist(),
+                   [s.repeat(*reps[1:]) for s in samples] * reps[0])
+
+
+def test_gradcheck_cat_stack_tile_on_moved_batches():
+    lengths = [2, 0, 3]
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def moved(values):
+        return NestedBatch.from_lengths(values, lengths).movedim(1, 2)  # (B, 2, j, 3)
+
+    ops = [
+        lambda x, y: torch.cat([x, y]),
+        lambda x, y: torch.cat([x, y], 2),
+        lambda x, y: torch.cat([x, y], 3),
+        lambda x, y: torch.cat([x, y * 2], 1),
+        lambda x, y: torch.stack([x, y], 1),
+        lambda x, y: torch.stack([x, y], -1),
+        lambda x, y: torch.tile(x, (2, 1, 2, 3)) * 2 + torch.tile(y, (2, 1, 2, 3)),
+        lambda x, y: x.repeat(1, 2, 1, 1) + y.repeat(1, 2, 1, 1),
+        lambda x, y: x.reshape(3, -1, -1, 3, 1) + y.reshape(-1, 2, -1, 3, 1),
+    ]
+    for op in ops:
+        torch.autograd.gradcheck(lambda u, v, op=op: op(moved(u), moved(v)).to_padded(),
+                                 (a, b))
+
+
+# ----------------------------------------------------------------------------- reshape / view
+def _reshaped(samples, shape, rd):
+    """The reference: every logical sample reshaped to ``shape[1:]`` (explicit sizes), with its
+    own length at the ragged dim."""
+    return [s.reshape(*_with(shape[1:], rd - 1, s.shape[rd - 1])) for s in samples]
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_reshape_and_view_keep_the_moved_ragged_dim(layout):
+    x, samples = _moved((2, None, 3, 4), layout=layout)  # ragged_dim 2
+    # (asked, the same with every size explicit): one -1 per side is inferred, several keep
+    # their dims' sizes (torch.nested's rule).
+    for asked, explicit in [
+        ((4, 2, -1, 12), (4, 2, -1, 12)),
+        ((-1, 2, -1, 12), (4, 2, -1, 12)),
+        ((4, -1, -1, 2, 6), (4, 2, -1, 2, 6)),
+        ((4, 2, -1, 2, 3, 2), (4, 2, -1, 2, 3, 2)),
+        ((4, 2, -1, -1, -1), (4, 2, -1, 3, 4)),
+        ((4, -1, -1, 3, -1), (4, 2, -1, 3, 4)),
+        ((4, 2, -1, 12, 1), (4, 2, -1, 12, 1)),
+        ((4, 1, 2, -1, 12), None),  # not this rule: the ragged dim must stay at dim 2
+    ]:
+        if explicit is None:
+            with pytest.raises(ValueError, match="stays at logical dim 2"):
+                x.reshape(asked)
+            continue
+        expected = _reshaped(samples, explicit, 2)
+        out = x.reshape(asked)
+        assert out.ragged_dim == 2
+        _close(out.tolist(), expected)
+        _close(x.view(*asked).tolist(), expected)
+        _close(torch.reshape(x, asked).tolist(), expected)
+    y, y_samples = _moved((2, 3, None, 4), layout=layout)  # ragged_dim 3
+    for asked, explicit in [((4, 3, 2, -1, 4), (4, 3, 2, -1, 4)),
+                            ((4, 6, 1, -1, 2, 2), (4, 6, 1, -1, 2, 2)),
+                            ((4, -1, 3, -1, 4, 1), (4, 2, 3, -1, 4, 1))]:
+        out = y.reshape(*asked)
+        assert out.ragged_dim == 3
+        _close(out.tolist(), _reshaped(y_samples, explicit, 3))
+    z, z_samples = _moved((2, 3, 4, None), layout=layout)  # ragged last
+    out = z.view(4, 6, 2, 2, -1)
+    assert out.ragged_dim == 4
+    _close(out.tolist(), _reshaped(z_samples, (4, 6, 2, 2, -1), 4))
+
+
+def test_reshape_of_zero_length_single_and_empty_batches():
+    for lengths in [(0, 0), (3,), ()]:
+        x, samples = _moved((2, 3, None, 4), lengths=lengths)
+        shape = (len(lengths), 6, 1, -1, 2, 2)
+        _close(x.reshape(shape).tolist(), _reshaped(samples, shape, 3))
+
+
+def test_reshape_as_and_view_as_on_moved_batches():
+    x, samples = _moved((2, None, 3, 4))
+    other, _ = _moved((2, None, 12), seed=1)
+    _close(x.reshape_as(other).tolist(), _reshaped(samples, (4, 2, -1, 12), 2))
+    _close(x.view_as(other).tolist(), _reshaped(samples, (4, 2, -1, 12), 2))
+    dense = torch.zeros(4, 2, 7, 2, 6)  # the size at the ragged dim is ignored
+    _close(x.reshape_as(dense).tolist(), _reshaped(samples, (4, 2, -1, 2, 6), 2))
+    with pytest.raises(ValueError, match="ragged dim at logical dim 2 and the other at 1"):
+        x.reshape_as(nestbatch.nested(_samples(2, 12)))
+    with pytest.raises(ValueError, match="ragged dim at logical dim 1 and the other at 2"):
+        nestbatch.nested(_samples(2, 12)).view_as(other)
+
+
+def test_view_dtype_on_moved_batches():
+    x, samples = _moved((2, None, 4), dtype=torch.float32)
+    _close(x.view(torch.int32).tolist(), [s.view(torch.int32) for s in samples])
+    _close(x.view(torch.float16).tolist(), [s.view(torch.float16) for s in samples],
+           equal_nan=True)
+    last, last_samples = _moved((4, None), dtype=torch.float32)
+    _close(last.view(torch.int32).tolist(), [s.view(torch.int32) for s in last_samples])
+    with pytest.raises(ValueError, match="last dim is the ragged dim"):
+        last.view(torch.float16)
+
+
+def test_reshape_errors_name_the_shapes():
+    x, _ = _moved((2, None, 3, 4))
+    with pytest.raises(ValueError, match=r"cannot reshape samples of shape \(2, None, 3, 4\) "
+                                         r"to \(4, -1, 6\).*across the ragged dim"):
+        x.reshape(4, 4, -1, 6)  # 2 * 12 elements regrouped as 4 * 6 across j
+    with pytest.raises(ValueError, match="across the ragged dim"):
+        x.reshape(4, 1, -1, 12)
+    with pytest.raises(ValueError, match="across the ragged dim"):
+        x.reshape(4, 2, -1, 5)
+    with pytest.raises(ValueError, match="stays at logical dim 2.*give -1 there"):
+        x.reshape(4, -1, 2, 12)  # the ragged dim cannot move
+    with pytest.raises(ValueError, match="stays at logical dim 2"):
+        x.reshape(4, -1)
+    with pytest.raises(ValueError, match="changes the batch size"):
+        x.reshape(2, 2, -1, 12)
+    y, _ = _moved((2, 3, None, 4))
+    with pytest.raises(ValueError, match=r"the 2 dim\(s\) before the ragged dim \(logical dim 3\)"
+                                         r" hold 6 elements and the dims after it 4"):
+        y.reshape(4, 3, 4, -1, 2)
+    with pytest.raises(ValueError, match="stays at logical dim 3"):
+        y.reshape(4, 6, -1, 4)  # merging the dims before j would move it to dim 2

@@ -3,14 +3,33 @@
 Queries, keys and values are batches with one ragged dim, the sequence: samples ``(L_i, E)`` or
 ``(L_i, H, E)`` (heads after the sequence, since the ragged dim comes first). Keys and values
 share their row structure; queries may have other lengths. It runs once on zero-padded data with
-a key mask, so every sample attends to its own keys only and the result per sample equals
-running the sample alone (``is_causal`` aligns the causal mask at the top left, as torch does).
-A sample with no keys gets zeros, as torch gives for an empty key sequence.
+a mask of the valid (query, key) pairs, so every sample attends to its own keys only and the
+result per sample equals running the sample alone (``is_causal`` aligns the causal mask at the
+top left, as torch does).
 
 Samples ``(H, L_i, E)`` are the ``torch.nested`` jagged layout ``(B, H, j, E)``: build them with
 ``x.transpose(1, 2)`` of ``(L_i, H, E)`` samples (``ragged_dim == 2``). The result per sample is
 then exactly torch's attention of that sample, and it keeps ``ragged_dim == 2``. The stored data
 is the same ``(B, L, H, E)`` in both cases, so both run the same kernel.
+
+``attn_mask`` has torch's meaning (bool: True = may attend; float: added to the scores) and is
+either
+
+* a batch with two ragged dims whose samples are ``(Lq_i, Lk_i)`` (shared by all heads) or
+  ``(Lq_i, Lk_i, H)`` / ``(Lq_i, Lk_i, 1)`` (heads last, as in the ``(L_i, H, E)`` samples; the
+  per-sample torch mask is then ``m_i.permute(2, 0, 1)``). Its per-sample shapes must be the
+  query and key lengths exactly; they are compared on the host when all three batches know
+  their sizes there, otherwise on the device (one synchronization);
+* a dense tensor broadcastable to the padded score shape ``(B, Lq, Lk)`` or ``(B, H, Lq, Lk)``,
+  where ``Lq`` / ``Lk`` are the padded lengths of the query / key batches (their longest
+  sample's, unless built from padded data with extra padding). It is read in padded
+  coordinates; entries at padded queries or keys are ignored.
+
+Its dtype is bool, the query's, or float32 (torch's rule); ``is_causal=True`` with a mask raises
+a ``RuntimeError``, as torch does. A query with no key it may attend to (a sample with no keys,
+or a row the mask masks out entirely: all False, or all ``-inf``) gives exact zeros with zero
+gradients, which is what torch returns for such a row of a sample run alone. Padded output slots
+hold zeros.
 """
 
 from __future__ import annotations
@@ -19,9 +38,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from nestbatch.layouts import Layout
-from nestbatch.ops.common import check_same_structure, is_batch, wrap_padded
+from nestbatch.layouts import Layout, Padded
+from nestbatch.ops.common import check_same_structure, is_batch
 from nestbatch.ops.registry import register
 
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -31,13 +51,35 @@ _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale
 def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     params = dict(zip(_NAMES, args)) | kwargs
     q, k, v = params.pop("query"), params.pop("key"), params.pop("value")
+    user_mask = params.pop("attn_mask", None)
+    causal = bool(params.pop("is_causal", False))
+    _check_inputs(q, k, v)
+    if user_mask is not None and causal:
+        # torch's own error for this combination, so code written for torch behaves the same.
+        raise RuntimeError(
+            "scaled_dot_product_attention: Explicit attn_mask should not be set when "
+            "is_causal=True"
+        )
+    qd, kd, vd = (x.padded(0.0).data for x in (q, k, v))
+    heads = qd.dim() == 4
+    if heads:
+        qd, kd, vd = (t.transpose(1, 2) for t in (qd, kd, vd))
+    num_heads = qd.shape[1] if heads else None
+    mask = _combined_mask(q, k, user_mask, num_heads, qd.shape[-2], kd.shape[-2], causal)
+    mask, empty = _fill_empty_rows(mask)
+    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, **params)
+    # Rows with nothing to attend to (padded queries included) are exact zeros, as torch gives
+    # for a fully masked row; masked_fill also stops their gradient.
+    out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+    if heads:
+        out = out.transpose(1, 2)
+    return _wrap_zero_padded(out, q)
+
+
+def _check_inputs(q: Any, k: Any, v: Any) -> None:
+    # Raise unless q, k, v are batches of (L, E) / (L, H, E) samples with one shared layout.
     if not (is_batch(q) and is_batch(k) and is_batch(v)):
         raise TypeError("scaled_dot_product_attention: query, key and value must all be batches")
-    if params.pop("attn_mask", None) is not None:
-        raise ValueError(
-            "scaled_dot_product_attention on batches builds the mask from the lengths; attn_mask "
-            "is not supported (use is_causal, or pad and pass a dense mask yourself)"
-        )
     for x, name in ((q, "query"), (k, "key"), (v, "value")):
         if x.num_ragged_dims != 1 or len(x.feature_shape) not in (1, 2):
             raise ValueError(
@@ -53,30 +95,159 @@ def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             f"ragged dims {q.ragged_dim}, {k.ragged_dim}, {v.ragged_dim}"
         )
     check_same_structure(k, v, "key and value")
-    causal = bool(params.pop("is_causal", False))
-    qd, kd, vd = (x.padded(0.0).data for x in (q, k, v))
-    heads = qd.dim() == 4
-    if heads:
-        qd, kd, vd = (t.transpose(1, 2) for t in (qd, kd, vd))
-    mask = _key_mask(k, qd.shape[-2], causal)
-    mask = mask.unsqueeze(1) if heads else mask
-    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, **params)
-    if heads:
-        out = out.transpose(1, 2)
-    return wrap_padded(out, q.padded(0.0).partition, q.ragged_dim)
 
 
-def _key_mask(keys: Any, num_queries: int, causal: bool) -> torch.Tensor:
-    # (B, Lq, S) bool: True where a query may attend to a key of its own sample.
-    partition = keys.partition
-    num_keys = keys.padded(0.0).data.shape[1]
-    valid = partition.mask((num_keys,))
-    # A sample with no keys attends to the zero padding key instead: exact zeros, no NaN.
-    if num_keys:
-        valid = valid.clone()
-        valid[:, 0] |= partition.lengths == 0
-    mask = valid[:, None, :].expand(-1, num_queries, -1)
+def _combined_mask(
+    q: Any, k: Any, user_mask: Any, num_heads: int | None, lq: int, lk: int, causal: bool
+) -> Tensor:
+    """``(B, Lq, Lk)`` or ``(B, H or 1, Lq, Lk)``: the pairs each sample may attend.
+
+    The valid (query, key) pairs, ANDed with a bool user mask, or a float user mask with
+    ``-inf`` at the invalid pairs (whatever the user put there, NaN included, is dropped).
+    """
+    mask = _valid_pairs(q, k, lq, lk, causal)
+    mask = mask if num_heads is None else mask.unsqueeze(1)
+    if user_mask is None:
+        return mask
+    user = _user_mask(user_mask, q, k, num_heads, lq, lk)
+    return user & mask if user.dtype == torch.bool else torch.where(mask, user, -torch.inf)
+
+
+def _valid_pairs(queries: Any, keys: Any, lq: int, lk: int, causal: bool) -> Tensor:
+    """``(B, Lq, Lk)`` bool: True where a query and a key both belong to the sample (and, with
+    ``causal``, the key is not after the query, aligned at the top left as torch does)."""
+    q_valid = queries.partition.mask((lq,))
+    k_valid = keys.partition.mask((lk,))
+    mask = q_valid[:, :, None] & k_valid[:, None, :]
     if causal:
-        tri = torch.ones(num_queries, num_keys, dtype=torch.bool, device=mask.device).tril()
-        mask = mask & tri
+        mask = mask & torch.ones(lq, lk, dtype=torch.bool, device=mask.device).tril()
     return mask
+
+
+def _fill_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The mask with every fully masked row opened, and where those rows are.
+
+    Not every backend promises zeros (rather than NaN) for a row with no key to attend to;
+    opened, the row is finite forward and backward, and the caller overwrites its output.
+
+    Parameters
+    ----------
+    mask : Tensor
+        ``(B, [H or 1,] Lq, Lk)``, bool (True = attend) or float (``-inf`` = masked).
+
+    Returns
+    -------
+    mask : Tensor
+        The same shape and dtype, all True / all 0 on the empty rows.
+    empty : Tensor
+        ``(B, [H or 1,] Lq)`` bool, True on the rows that had no key to attend to.
+    """
+    if mask.dtype == torch.bool:
+        empty = ~mask.any(-1)
+        return mask | empty.unsqueeze(-1), empty
+    empty = (mask == -torch.inf).all(-1)
+    return mask.masked_fill(empty.unsqueeze(-1), 0.0), empty
+
+
+def _user_mask(
+    attn_mask: Any, q: Any, k: Any, num_heads: int | None, lq: int, lk: int
+) -> Tensor:
+    """The user's ``attn_mask`` as a padded tensor broadcastable to ``(B, [H,] Lq, Lk)``.
+
+    Raises
+    ------
+    TypeError
+        For a mask of a dtype torch refuses.
+    ValueError
+        For a mask on another device, or whose shape does not fit the queries and keys.
+    """
+    _check_mask_dtype_device(attn_mask, q)
+    if is_batch(attn_mask):
+        return _padded_batch_mask(attn_mask, q, k, num_heads, lq, lk)
+    return _dense_mask(attn_mask, q.batch_size, num_heads, lq, lk)
+
+
+def _check_mask_dtype_device(attn_mask: Any, q: Any) -> None:
+    # torch accepts bool, the query's dtype and float32 (its "float") for attn_mask.
+    allowed = (torch.bool, q.dtype, torch.float32)
+    if attn_mask.dtype not in allowed:
+        raise TypeError(
+            f"attn_mask must be bool or have the query's dtype {q.dtype} (or float32), got "
+            f"{attn_mask.dtype}"
+        )
+    if attn_mask.device != q.device:
+        raise ValueError(
+            f"attn_mask must be on the query's device {q.device}, got {attn_mask.device}"
+        )
+
+
+def _padded_batch_mask(
+    mask: Any, q: Any, k: Any, num_heads: int | None, lq: int, lk: int
+) -> Tensor:
+    """A batch mask of samples ``(Lq_i, Lk_i[, H])`` as ``(B, Lq, Lk)`` / ``(B, H|1, Lq, Lk)``.
+
+    Its padding holds anything: the caller masks padded pairs out.
+    """
+    heads_ok = ((), (1,), (num_heads,)) if num_heads is not None else ((),)
+    feature = tuple(mask.feature_shape)
+    if mask.num_ragged_dims != 2 or feature not in heads_ok:
+        expected = " or ".join(f"(Lq_i, Lk_i{''.join(f', {h}' for h in f)})" for f in heads_ok)
+        raise ValueError(
+            f"attn_mask must have samples {expected} with two ragged dims, got "
+            f"{mask.num_ragged_dims} ragged dim(s) and feature shape {feature}"
+        )
+    _check_mask_shapes(mask, q, k)
+    padded = mask.padded(None)
+    if tuple(padded.padded_shape) != (lq, lk):
+        # Built with other padding than the queries / keys: re-pad to their padded lengths.
+        padded = mask.padded(0, max_shape=(lq, lk))
+    data = padded.data
+    if num_heads is None:
+        return data
+    return data.permute(0, 3, 1, 2) if feature else data.unsqueeze(1)
+
+
+def _check_mask_shapes(mask: Any, q: Any, k: Any) -> None:
+    """Raise unless the mask's sample ``i`` is ``(Lq_i, Lk_i)`` (host check when possible)."""
+    mp, qp, kp = mask.partition, q.partition, k.partition
+    if mp.batch_size != qp.batch_size:
+        raise ValueError(
+            f"attn_mask has {mp.batch_size} samples but the query has {qp.batch_size}"
+        )
+    if all(p.knows_host_shapes for p in (mp, qp, kp)):
+        same = all(m == (a, b) for m, (a,), (b,) in zip(mp.host_shapes, qp.host_shapes,
+                                                        kp.host_shapes))
+    else:
+        expected_shapes = torch.stack((qp.lengths, kp.lengths), 1)
+        same = torch.equal(mp.shape_per_sample, expected_shapes)  # one device synchronization
+    if not same:
+        expected = [(a, b) for (a,), (b,) in zip(qp.host_shapes, kp.host_shapes)]
+        actual = list(mp.host_shapes)
+        raise ValueError(
+            "attn_mask must have per-sample shapes (Lq_i, Lk_i) = (query length, key length): "
+            f"expected {expected}, got {actual}"
+        )
+
+
+def _dense_mask(mask: Tensor, batch: int, num_heads: int | None, lq: int, lk: int) -> Tensor:
+    """A dense mask checked against the padded score shape ``(B, [H,] Lq, Lk)``."""
+    scores = (batch, lq, lk) if num_heads is None else (batch, num_heads, lq, lk)
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores) == scores
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"a dense attn_mask must broadcast to the padded score shape {scores} "
+            f"(B, {'' if num_heads is None else 'H, '}Lq, Lk), got {tuple(mask.shape)}"
+        )
+    return mask
+
+
+def _wrap_zero_padded(out: Tensor, q: Any) -> Any:
+    # The output's padded slots are zeros (rows of padded queries); saying so saves a refill.
+    from nestbatch.batch import NestedBatch
+
+    padded = Padded(out, partition=q.padded(0.0).partition, padding_value=0.0)
+    return NestedBatch(padded, q.ragged_dim)
+

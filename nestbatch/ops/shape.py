@@ -9,11 +9,18 @@ same position in every sample (each must be long enough).
 ``transpose`` / ``permute`` / ``movedim`` may move the one ragged dim of a batch (``k == 1``)
 among the feature dims, as ``torch.nested`` jagged tensors do: the result shares storage, presents
 the ragged dim at its new logical position (:attr:`~nestbatch.NestedBatch.ragged_dim`) and views
-the stored feature dims in their new order. ``reshape`` / ``view`` need the ragged dim at dim 1.
+the stored feature dims in their new order.
+
+``reshape`` / ``view`` of a batch whose ragged dim is at logical dim ``r > 1`` keep it there:
+``shape = (B or -1, *before, -1, *after)`` with the -1 at dim ``r``, the ``r - 1`` dims before it
+reshaped among themselves and the dims after it among themselves (each group keeps its number of
+elements; within a group, one -1 is inferred and several keep their dims' sizes). Any other
+reshape would move elements across the ragged dim and raises a ``ValueError``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +30,8 @@ from nestbatch.layouts import Layout, RowPartition
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
+    is_batch,
+    moved_ragged_error,
     normalize_dim,
     storage_dim,
     torch_funcs,
@@ -57,11 +66,7 @@ def new_feature_shape(batch: NestedBatch, shape: tuple[int, ...]) -> tuple[int, 
             f"shape {shape} must start with the batch size (or -1) and -1 for each of the {k} "
             "ragged dim(s)"
         )
-    if shape[0] not in (-1, batch.batch_size):
-        raise ValueError(
-            f"shape {shape} changes the batch size {batch.batch_size}: dim 0 must stay "
-            f"{batch.batch_size} (or -1)"
-        )
+    _check_batch_size(batch, shape)
     for d in range(1, 1 + k):
         if shape[d] != -1:
             raise ValueError(
@@ -75,25 +80,130 @@ def new_feature_shape(batch: NestedBatch, shape: tuple[int, ...]) -> tuple[int, 
     return tuple(feature)
 
 
-@register(*torch_funcs("reshape", "view"), layouts=(Layout.PACKED,))
+def moved_feature_shape(batch: NestedBatch, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The stored feature shape asked for by the logical ``shape`` of a batch whose ragged dim is
+    at logical dim ``r > 1``.
+
+    Parameters
+    ----------
+    batch : NestedBatch
+        Samples ``(*before, L_i, *after)``, ``len(before) == r - 1``.
+    shape : tuple of int
+        ``(B or -1, *new_before, -1, *new_after)``, the -1 at dim ``r``: ``new_before`` has
+        ``r - 1`` dims holding as many elements as ``before``, ``new_after`` any number of dims
+        holding as many as ``after``.
+
+    Returns
+    -------
+    tuple of int
+        ``(*new_before, *new_after)``: the new shape of the packed values' feature dims.
+
+    Raises
+    ------
+    ValueError
+        If ``shape`` changes the batch size, has no -1 at dim ``r``, or regroups elements across
+        the ragged dim.
+    """
+    rd = batch.ragged_dim
+    _check_batch_size(batch, shape)
+    if len(shape) <= rd or shape[rd] != -1:
+        raise ValueError(
+            f"shape {shape}: the ragged dim stays at logical dim {rd} and has no single size; "
+            f"give -1 there (samples have shape {batch.sample_shape})"
+        )
+    sample = batch.sample_shape
+    before = _group_shape(shape[1:rd], sample[: rd - 1])
+    after = _group_shape(shape[rd + 1 :], sample[rd:])
+    if before is None or after is None:
+        raise ValueError(
+            f"cannot reshape samples of shape {sample} to {shape[1:]}: the {rd - 1} dim(s) "
+            f"before the ragged dim (logical dim {rd}) hold {math.prod(sample[: rd - 1])} "
+            f"elements and the dims after it {math.prod(sample[rd:])}; the new dims on each "
+            "side must hold as many (a reshape cannot move elements across the ragged dim)"
+        )
+    return before + after
+
+
+def _check_batch_size(batch: NestedBatch, shape: tuple[int, ...]) -> None:
+    if not shape or shape[0] not in (-1, batch.batch_size):
+        raise ValueError(
+            f"shape {shape} changes the batch size {batch.batch_size}: dim 0 must stay "
+            f"{batch.batch_size} (or -1)"
+        )
+
+
+def _group_shape(asked: tuple[int, ...], old: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``asked`` with its -1 resolved against the group of dims ``old``, or None if it does not
+    hold as many elements."""
+    sizes = list(asked)
+    if sizes.count(-1) > 1:
+        # torch.nested's rule: -1 keeps the size the dim already has.
+        sizes = [old[i] if s == -1 and i < len(old) else s for i, s in enumerate(sizes)]
+    numel = math.prod(old)
+    if sizes.count(-1) == 1:
+        known = math.prod(s for s in sizes if s != -1)
+        if known <= 0 or numel % known:
+            return None
+        sizes[sizes.index(-1)] = numel // known
+    if any(s < 0 for s in sizes) or math.prod(sizes) != numel:
+        return None
+    return tuple(sizes)
+
+
+@register(*torch_funcs("reshape", "view"), layouts=(Layout.PACKED,), moved_ragged=True)
 def _reshape(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     if func is torch.Tensor.view and len(args) == 2 and isinstance(args[1], torch.dtype):
-        return batch.with_values(batch.values.view(args[1]))
-    feature = new_feature_shape(batch, _shape_arg(args, kwargs))
+        return _view_dtype(batch, args[1])
+    shape = _shape_arg(args, kwargs)
+    if batch.ragged_dim == 1:
+        feature = new_feature_shape(batch, shape)
+    else:
+        feature = moved_feature_shape(batch, shape)
     values = batch.values
     method = values.view if func is torch.Tensor.view else values.reshape
     return batch.with_values(method(values.shape[0], *feature))
 
 
-@register(*torch_funcs("reshape_as", "view_as"), layouts=(Layout.PACKED,))
+def _view_dtype(batch: NestedBatch, dtype: torch.dtype) -> NestedBatch:
+    """``view(dtype)``: reinterprets the last logical dim, which must not be a moved ragged dim
+    (the stored last dim is then a feature dim that precedes it)."""
+    rd = batch.ragged_dim
+    if rd != 1 and rd == batch.dim() - 1 and dtype.itemsize != batch.dtype.itemsize:
+        raise moved_ragged_error(
+            batch, f"view({dtype}) of a {batch.dtype} batch", "its last dim is the ragged dim"
+        )
+    return batch.with_values(batch.values.view(dtype))
+
+
+@register(*torch_funcs("reshape_as", "view_as"), layouts=(Layout.PACKED,), moved_ragged=True)
 def _reshape_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch, other = args[0], args[1]
-    feature = tuple(other.feature_shape) if hasattr(other, "feature_shape") else \
-        tuple(other.shape[1 + batch.num_ragged_dims :])
     values = batch.values
     method = values.view if func.__name__ == "view_as" else values.reshape
+    other_rd = other.ragged_dim if is_batch(other) else batch.ragged_dim
+    if other_rd != batch.ragged_dim:
+        raise ValueError(
+            f"{func.__name__}: the batch presents its ragged dim at logical dim "
+            f"{batch.ragged_dim} and the other at {other_rd}; a reshape keeps the ragged dim "
+            "where it is"
+        )
+    if batch.ragged_dim == 1:
+        feature = tuple(other.feature_shape) if is_batch(other) else \
+            tuple(other.shape[1 + batch.num_ragged_dims :])
+    else:
+        feature = moved_feature_shape(batch, _target_of(batch, other))
     return batch.with_values(method(values.shape[0], *feature))
+
+
+def _target_of(batch: NestedBatch, other: Any) -> tuple[int, ...]:
+    # other's logical shape as a reshape target: -1 at the batch and the ragged dim.
+    if is_batch(other):
+        return (-1, *(-1 if s is None else s for s in other.sample_shape))
+    shape = [-1, *other.shape[1:]]
+    if len(shape) > batch.ragged_dim:
+        shape[batch.ragged_dim] = -1
+    return tuple(shape)
 
 
 @register(*torch_funcs("transpose", "swapaxes", "swapdims"), layouts=PACKED_OR_PADDED,

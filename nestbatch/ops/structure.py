@@ -1,18 +1,31 @@
 """Structure ops, with TensorFlow's semantics: ``cat``, ``stack``, ``tile`` / ``repeat``.
 
+Dims are logical: with the one ragged dim presented at logical dim ``r``
+(:attr:`~nestbatch.NestedBatch.ragged_dim`, 1 unless moved by ``transpose``), every op reads its
+dims as ``torch`` would on the samples ``tolist()`` gives, and the result presents its ragged dim
+where ``torch`` would put it.
+
 * ``torch.cat(batches, dim=0)`` (TF ``concat`` axis=0): the samples of all batches, in order. A
-  dense ``(n, L, *feature)`` tensor in the list counts as ``n`` samples of length ``L``.
-* ``torch.cat(batches, dim=1)`` with one ragged dim (TF axis=1): sample ``i`` is the
-  concatenation of every batch's sample ``i`` (batch sizes must agree).
-* ``torch.cat`` on a feature dim, ``torch.stack`` on a new feature dim: batches of the same row
-  structure, on their packed values.
-* ``torch.tile(x, reps)`` / ``x.repeat(*reps)`` (TF ``tile``): ``reps[0]`` repeats the whole
-  batch, ``reps[1]`` repeats every sample along its ragged dim (``[a, b] -> [a, b, a, b]``), the
-  rest tile the feature dims.
+  dense ``(n, *sample_shape)`` tensor in the list counts as ``n`` samples of that logical shape,
+  read with the ragged dim(s) where the batches present them.
+* ``torch.cat(batches, dim=r)`` with one ragged dim (TF axis=1 when ``r == 1``): sample ``i`` is
+  the concatenation of every batch's sample ``i`` along its ragged dim (batch sizes must agree).
+* ``torch.cat`` on a feature dim: batches of the same row structure, on their packed values.
+* ``torch.stack(batches, dim=d)``: batches of the same row structure; the new dim is a feature
+  dim at logical dim ``d`` of the result. ``d`` may be any dim but 0 (the batch) and the ragged
+  dims' own positions (``r`` for one ragged dim, ``1..k`` for ``k`` of them, as ``torch.nested``'s
+  jagged ``stack``); a new dim before a moved ragged dim (``d < r``) shifts it to ``r + 1``.
+* ``torch.tile(x, reps)`` / ``x.repeat(*reps)`` (TF ``tile``), ``reps`` in logical order:
+  ``reps[0]`` repeats the whole batch, ``reps[r]`` repeats every sample along its ragged dim
+  (``[a, b] -> [a, b, a, b]``), the others tile the feature dims.
+
+Every batch of a ``cat`` / ``stack`` must present its ragged dim at the same logical position.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +38,7 @@ from nestbatch.ops.common import (
     first_batch,
     is_batch,
     normalize_dim,
+    values_dim,
 )
 from nestbatch.ops.registry import register
 
@@ -33,14 +47,12 @@ if TYPE_CHECKING:
 
 
 def _as_batches(items: Any, ref: NestedBatch) -> list[NestedBatch]:
-    from nestbatch.batch import NestedBatch
-
     out = []
     for item in items:
         if is_batch(item):
             out.append(item)
         elif isinstance(item, Tensor) and item.dim() == ref.dim():
-            out.append(NestedBatch.from_list(list(item.unbind(0)), ref.num_ragged_dims))
+            out.append(dense_as_batch(item, ref))
         else:
             raise TypeError(
                 "cat: every item must be a NestedBatch or a dense tensor with the batch's "
@@ -50,6 +62,43 @@ def _as_batches(items: Any, ref: NestedBatch) -> list[NestedBatch]:
     return out
 
 
+def dense_as_batch(item: Tensor, ref: NestedBatch) -> NestedBatch:
+    """The ``n`` samples of a dense ``item (n, *sample_shape)``, read in ``ref``'s logical order.
+
+    The ragged dims of ``item`` are the dims where ``ref`` presents its own (logical dim
+    ``ref.ragged_dim``, or ``1..k``), so the result has ``ref``'s ragged dim. Stored packed; the
+    values are a view of ``item`` where ``reshape`` can make one.
+    """
+    from nestbatch.batch import NestedBatch
+
+    k, rd = ref.num_ragged_dims, ref.ragged_dim
+    stored = item.movedim(rd, 1) if rd != 1 else item
+    n, ragged = stored.shape[0], tuple(stored.shape[1 : 1 + k])
+    values = stored.reshape(n * math.prod(ragged), *stored.shape[1 + k :])
+    # Built from host shapes (not unbind), so an empty item is a valid batch of 0 samples.
+    partition = RowPartition.from_host_shapes([ragged] * n, k, item.device)
+    return NestedBatch(Packed(values, partition=partition), rd)
+
+
+def check_same_ragged_dim(batches: Sequence[NestedBatch], what: str) -> int:
+    """The logical position of the ragged dim shared by ``batches``.
+
+    Raises
+    ------
+    ValueError
+        Naming two different positions, and how to align them.
+    """
+    rd = batches[0].ragged_dim
+    for b in batches[1:]:
+        if b.ragged_dim != rd:
+            raise ValueError(
+                f"{what}: every batch must present its ragged dim at the same logical dim, got "
+                f"ragged_dim {rd} and {b.ragged_dim}; transpose one of them first (e.g. "
+                f"x.transpose({min(rd, b.ragged_dim)}, {max(rd, b.ragged_dim)}))"
+            )
+    return rd
+
+
 def _merged_partition(parts: list[RowPartition], shapes: Tensor) -> RowPartition:
     if all(p.knows_host_shapes for p in parts):
         host = tuple(s for p in parts for s in p.host_shapes)
@@ -57,12 +106,14 @@ def _merged_partition(parts: list[RowPartition], shapes: Tensor) -> RowPartition
     return RowPartition.from_shapes(shapes)
 
 
-@register(torch.cat, torch.concat, torch.concatenate, layouts=(Layout.PACKED,))
+@register(torch.cat, torch.concat, torch.concatenate, layouts=(Layout.PACKED,),
+          moved_ragged=True)
 def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     items = args[0] if args else kwargs["tensors"]
     ref = first_batch(items)
     dim = normalize_dim(ref, args[1] if len(args) > 1 else kwargs.get("dim", kwargs.get("axis", 0)))
     batches = _as_batches(items, ref)
+    check_same_ragged_dim(batches, f"cat along dim {dim}")
     kind = dim_kind(ref, dim)
     if kind == "batch":
         return cat_samples(batches)
@@ -70,40 +121,43 @@ def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         return cat_rows(batches)
     for b in batches[1:]:
         check_same_structure(ref, b, "batches concatenated on a feature dim")
-    k = ref.num_ragged_dims
-    return ref.with_values(torch.cat([b.values for b in batches], dim - k))
+    return ref.with_values(torch.cat([b.values for b in batches], values_dim(ref, dim)))
 
 
 def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
-    """The samples of every batch, in order (TF ``concat`` axis=0)."""
+    """The samples of every batch, in order (TF ``concat`` axis=0); keeps their ragged dim."""
     from nestbatch.batch import NestedBatch
 
-    ks = {b.num_ragged_dims for b in batches}
-    features = {tuple(b.feature_shape) for b in batches}
-    if len(ks) > 1 or len(features) > 1:
+    rd = check_same_ragged_dim(batches, "cat along dim 0")
+    shapes_seen = list(dict.fromkeys(b.sample_shape for b in batches))
+    if len(shapes_seen) > 1:
+        # sample_shape has None at every ragged dim: equal ones mean the same ragged dims and
+        # feature dims, at the same logical positions.
         raise ValueError(
-            "cat along dim 0: batches must have the same number of ragged dims and feature "
-            f"shape, got ragged dims {sorted(ks)} and feature shapes {sorted(features)}"
+            "cat along dim 0: batches must have the same sample shape (None at ragged dims), "
+            f"got {' and '.join(map(str, shapes_seen))}"
         )
     values = torch.cat([b.values for b in batches])
     shapes = torch.cat([b.shape_per_sample for b in batches])
     partition = _merged_partition([b.partition for b in batches], shapes)
-    return NestedBatch(Packed(values, partition=partition))
+    return NestedBatch(Packed(values, partition=partition), rd)
 
 
 def cat_rows(batches: list[NestedBatch]) -> NestedBatch:
-    """Sample ``i`` = every batch's sample ``i`` joined along the ragged dim (TF axis=1)."""
+    """Sample ``i`` = every batch's sample ``i`` joined along the ragged dim (TF axis=1), which
+    stays at its logical position."""
     from nestbatch.batch import NestedBatch
 
     ref = batches[0]
+    rd = check_same_ragged_dim(batches, "cat along the ragged dim")
     if ref.num_ragged_dims != 1 or any(b.num_ragged_dims != 1 for b in batches):
         raise ValueError("cat along the ragged dim needs batches with one ragged dim")
     for b in batches[1:]:
         if b.batch_size != ref.batch_size or b.feature_shape != ref.feature_shape:
             raise ValueError(
-                "cat along dim 1: batches must have the same batch size and feature shape, got "
-                f"{ref.batch_size} samples of {tuple(ref.feature_shape)} and {b.batch_size} "
-                f"of {tuple(b.feature_shape)}"
+                f"cat along dim {rd}: batches must have the same batch size and sample shape, "
+                f"got {ref.batch_size} samples of shape {ref.sample_shape} and "
+                f"{b.batch_size} of {b.sample_shape}"
             )
     lengths = torch.stack([b.lengths for b in batches]).sum(0)
     host = None
@@ -120,29 +174,70 @@ def cat_rows(batches: list[NestedBatch]) -> NestedBatch:
         before = before + b.lengths
     values = torch.cat([b.values for b in batches])
     out = values.new_empty(values.shape).index_copy(0, torch.cat(destinations), values)
-    return NestedBatch(Packed(out, partition=partition))
+    return NestedBatch(Packed(out, partition=partition), rd)
 
 
-@register(torch.stack, layouts=(Layout.PACKED,))
+@register(torch.stack, layouts=(Layout.PACKED,), moved_ragged=True)
 def _stack(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     items = args[0] if args else kwargs["tensors"]
     ref = first_batch(items)
     dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    dim = dim % (ref.dim() + 1)
-    k = ref.num_ragged_dims
-    if dim <= k:
-        raise ValueError(
-            f"stack of batches along dim {dim}: only a new feature dim (> {k}) is supported "
-            "(cat along dim 0 joins batches of samples)"
-        )
+    ndim = ref.dim() + 1
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"stack: dim={dim} out of range for a result with {ndim} dims")
     for b in items:
         if not is_batch(b):
             raise TypeError(f"stack: every item must be a NestedBatch, got {type(b).__name__}")
+    return stack(list(items), dim % ndim)
+
+
+def stack(batches: list[NestedBatch], dim: int) -> NestedBatch:
+    """Stack batches of the same row structure along a new feature dim.
+
+    Parameters
+    ----------
+    batches : list of NestedBatch
+        ``N`` batches of samples ``(*before, L_i, *after)`` (the ragged dim at logical dim
+        ``r``), the same per-sample sizes and sample shape.
+    dim : int
+        Logical dim of the new dim in the result, in ``[1, ndim]`` except the ragged dims'
+        positions (``r`` for one ragged dim, ``1..k`` for ``k``).
+
+    Returns
+    -------
+    NestedBatch
+        Samples ``torch.stack(samples, dim - 1)``; the ragged dim at ``r + 1`` when
+        ``dim < r``, else at ``r``.
+
+    Raises
+    ------
+    ValueError
+        For ``dim`` 0 or a ragged dim's position; for batches of other ragged positions or row
+        structures.
+    """
+    ref = batches[0]
+    rd = check_same_ragged_dim(batches, f"stack along dim {dim}")
+    k = ref.num_ragged_dims
+    ragged = tuple(range(1, k + 1)) if k > 1 else (rd,)
+    if dim == 0 or dim in ragged:
+        # As torch.nested's jagged stack: a new dim takes neither the batch's position nor the
+        # ragged dim's (which keeps the behaviour of batches whose ragged dim was never moved).
+        where = f"ragged dim ({rd})" if k == 1 else f"ragged dims (1..{k})"
+        raise ValueError(
+            f"stack of batches along dim {dim}: the new dim cannot take the position of the "
+            f"batch dim (0) or of the {where}; stack along another dim, e.g. {ragged[-1] + 1} "
+            "(cat along dim 0 joins batches of samples)"
+        )
+    for b in batches[1:]:
         check_same_structure(ref, b, "stacked batches")
-    return ref.with_values(torch.stack([b.values for b in items], dim - k))
+    # Stored feature dims are the logical ones with the batch and ragged dims left out.
+    stored = dim - k if k > 1 else (dim if dim < rd else dim - 1)
+    values = torch.stack([b.values for b in batches], stored)
+    return ref.with_values(values, rd + 1 if dim < rd else rd)
 
 
-@register(torch.tile, torch.Tensor.tile, torch.Tensor.repeat, layouts=(Layout.PACKED,))
+@register(torch.tile, torch.Tensor.tile, torch.Tensor.repeat, layouts=(Layout.PACKED,),
+          moved_ragged=True)
 def _tile(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     reps = args[1] if len(args) == 2 and not isinstance(args[1], int) else args[1:]
@@ -159,23 +254,38 @@ def _tile(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
-    """TF ``tile``: repeat the batch, every sample along its ragged dim, and the features."""
+    """TF ``tile``: repeat the batch, every sample along its ragged dim, and the features.
+
+    Parameters
+    ----------
+    batch : NestedBatch
+        Samples ``(*before, L_i, *after)``, the ragged dim at logical dim ``r``.
+    reps : tuple of int
+        One non-negative count per logical dim (``batch.dim()`` of them): ``reps[0]`` repeats
+        the batch, ``reps[r]`` every sample along its ragged dim, the others the feature dims.
+
+    Returns
+    -------
+    NestedBatch
+        ``B * reps[0]`` samples ``sample.repeat(*reps[1:])``, the ragged dim still at ``r``.
+    """
     from nestbatch.batch import NestedBatch
     from nestbatch.selection import select_samples
 
-    k = batch.num_ragged_dims
+    k, rd = batch.num_ragged_dims, batch.ragged_dim
+    ragged = tuple(range(1, k + 1)) if k > 1 else (rd,)
     if any(r < 0 for r in reps):
         raise ValueError(f"tile: reps must be non-negative, got {reps}")
-    if k != 1 and any(r != 1 for r in reps[1 : 1 + k]):
+    if k != 1 and any(reps[d] != 1 for d in ragged):
         raise ValueError("tile along ragged dims is supported for one ragged dim only")
+    features = tuple(r for d, r in enumerate(reps) if d != 0 and d not in ragged)
     if reps[0] != 1:
         index = torch.arange(batch.batch_size, device=batch.device).repeat(reps[0])
-        batch = select_samples(batch, index)
-    features = reps[1 + k :]
+        batch = select_samples(batch, index)  # stored order: rd is restored below
     values = batch.values
     if any(r != 1 for r in features):
         values = values.repeat(1, *features)
-    r = reps[1]
+    r = reps[rd]
     if r != 1:
         host = None
         if batch.partition.knows_host_shapes:
@@ -183,5 +293,5 @@ def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
         partition = RowPartition.from_lengths(batch.lengths * r, host_lengths=host)
         old_lengths = batch.lengths[partition.row_ids].clamp_min(1)
         source = batch.offsets[partition.row_ids] + partition.positions % old_lengths
-        return NestedBatch(Packed(values.index_select(0, source), partition=partition))
-    return batch.with_values(values)
+        return NestedBatch(Packed(values.index_select(0, source), partition=partition), rd)
+    return batch.with_values(values, rd)
