@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nestbatch.kernels import extension
+from nestbatch.kernels import build_config, extension
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,11 +33,40 @@ def test_cuda_sources_compile():
 
 
 def test_sources_listed_exist():
-    for name in extension.SOURCES:
-        assert (extension.CSRC_DIR / name).is_file()
-    assert sorted(p.name for p in extension.CSRC_DIR.glob("*.cu")) == sorted(
-        name for name in extension.SOURCES if name.endswith(".cu")
+    csrc = build_config.REPOSITORY_CSRC_DIR
+    assert extension.csrc_dir() == csrc  # a source checkout builds from its own csrc/
+    for name in build_config.SOURCES:
+        assert (csrc / name).is_file()
+    assert sorted(p.name for p in csrc.glob("*.cu")) == sorted(
+        name for name in build_config.SOURCES if name.endswith(".cu")
     )
+
+
+def test_wheel_carries_the_cuda_sources(tmp_path):
+    # A non-editable install has no checkout next to it: the JIT build must find the sources in
+    # the package itself.
+    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(
+        [*pip, "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-w", str(wheel_dir)],
+        check=True, capture_output=True, timeout=300,
+    )
+    wheel = next(wheel_dir.glob("nestbatch-*.whl"))
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )
+    probe = "from nestbatch.kernels import build_config as b; print(b.csrc_dir())"
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target)},
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.strip()
+    packaged = target / "nestbatch" / "kernels" / "csrc"
+    assert Path(found) == packaged
+    repository = build_config.REPOSITORY_CSRC_DIR
+    for path in repository.iterdir():
+        if path.suffix in build_config.CSRC_SUFFIXES:
+            assert (packaged / path.name).read_bytes() == path.read_bytes()
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks the CPU-only fallback")

@@ -231,12 +231,16 @@ def test_huge_pages_can_be_turned_off(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ out=
-@pytest.mark.parametrize("path", [*sorted(PATHS), "small output"])
+@pytest.mark.parametrize("path", [*sorted(PATHS), "small output", "small output, blocks"])
 @pytest.mark.parametrize("offsets", [[0, 3, 3, 7], [1, 3, 3, 7]])
 def test_out_receives_the_result(monkeypatch, path, offsets):
-    if path in PATHS:  # the one-write path; small outputs are computed, then copied in
+    if path in PATHS:  # the one-write path for large outputs
         monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
         monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+    # Small outputs of long samples are copied into out= as blocks; those of short samples are
+    # computed, then copied in.
+    small_blocks = 0 if path == "small output, blocks" else 1 << 40
+    monkeypatch.setattr(cpu, "SMALL_BLOCK_ELEMENTS", small_blocks)
     values = torch.arange(16.0).view(8, 2)
     offsets = torch.tensor(offsets, dtype=torch.int32)
     buffer = torch.full((3, 5, 2), 99.0)

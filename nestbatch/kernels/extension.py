@@ -5,9 +5,11 @@ Three ways to get them, tried in order by :func:`load_extension` on the first CU
 
 1. Ahead of time: ``NESTBATCH_BUILD_CUDA=1 pip install --no-build-isolation -e .`` compiles
    ``nestbatch.kernels._C`` with ``setup.py``; importing it registers ``torch.ops.nestbatch_cuda``.
-2. Just in time: :func:`torch.utils.cpp_extension.load` compiles ``csrc/`` once (a minute or two)
-   into the torch extensions cache (``TORCH_EXTENSIONS_DIR``, by default
-   ``~/.cache/torch_extensions``); later processes reuse the cached library.
+2. Just in time: :func:`torch.utils.cpp_extension.load` compiles the sources once (a minute or
+   two) into the torch extensions cache (``TORCH_EXTENSIONS_DIR``, by default
+   ``~/.cache/torch_extensions``); later processes reuse the cached library. The sources are the
+   checkout's ``csrc/``, or the copy that an installed wheel carries
+   (:mod:`nestbatch.kernels.build_config`).
 3. Neither possible (CPU-only PyTorch, no ``nvcc``, no sources, a failed build): one warning, and
    the operators run their pure-PyTorch implementation on CUDA tensors too.
 
@@ -21,25 +23,15 @@ import importlib
 import importlib.util
 import os
 import warnings
-from pathlib import Path
 
 import torch
 
-__all__ = ["CSRC_DIR", "SOURCES", "extension_status", "load_extension"]
+from nestbatch.kernels.build_config import CUDA_FLAGS, CXX_FLAGS, SOURCES, csrc_dir
 
-#: Where the CUDA sources live (the repository's ``csrc/``, next to the package).
-CSRC_DIR = Path(__file__).resolve().parents[2] / "csrc"
-
-#: The translation units of the extension, in build order.
-SOURCES = ("bindings.cpp", "packed_padded.cu", "batched_indexing.cu", "mask_indices.cu")
+__all__ = ["SOURCES", "csrc_dir", "extension_status", "load_extension"]
 
 _JIT_NAME = "nestbatch_kernels"
 _status = "not loaded yet"
-
-
-def _cuda_flags() -> list[str]:
-    # Relaxed constexpr lets device code use the constexpr helpers of c10 headers.
-    return ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
 
 
 def _why_not_buildable() -> str | None:
@@ -50,9 +42,9 @@ def _why_not_buildable() -> str | None:
         return "this PyTorch build has no CUDA support"
     if cpp_extension.CUDA_HOME is None:
         return "no CUDA toolkit (nvcc) was found; set CUDA_HOME"
-    missing = [name for name in SOURCES if not (CSRC_DIR / name).is_file()]
+    missing = [name for name in SOURCES if not (csrc_dir() / name).is_file()]
     if missing:
-        return f"the CUDA sources {missing} are not in {CSRC_DIR}"
+        return f"the CUDA sources {missing} are not in {csrc_dir()}"
     return None
 
 
@@ -90,9 +82,9 @@ def load_extension() -> bool:
     try:
         cpp_extension.load(
             name=_JIT_NAME,
-            sources=[str(CSRC_DIR / name) for name in SOURCES],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=_cuda_flags(),
+            sources=[str(csrc_dir() / name) for name in SOURCES],
+            extra_cflags=list(CXX_FLAGS),
+            extra_cuda_cflags=list(CUDA_FLAGS),
             is_python_module=False,
         )
     except Exception as error:  # any build failure means: use the fallback
