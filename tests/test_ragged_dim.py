@@ -663,3 +663,48 @@ def test_reshape_errors_name_the_shapes():
         y.reshape(4, 3, 4, -1, 2)
     with pytest.raises(ValueError, match="stays at logical dim 3"):
         y.reshape(4, 6, -1, 4)  # merging the dims before j would move it to dim 2
+
+
+# ------------------------------------------------------------------- unsqueeze / squeeze / flatten
+@pytest.mark.parametrize("moved", [False, True])
+@pytest.mark.parametrize("dim", [1, 2, 3, 4, -1, -4])
+def test_unsqueeze_anywhere_after_the_batch_dim(moved, dim):
+    if moved:
+        y, expected = _heads()
+    else:
+        expected = _samples(2, 4)
+        y = nestbatch.nested(expected)
+    out = y.unsqueeze(dim)
+    sample_dim = dim - 1 if dim > 0 else dim
+    _close(out.tolist(), [e.unsqueeze(sample_dim) for e in expected])
+    position = dim % (y.dim() + 1)
+    assert out.ragged_dim == y.ragged_dim + (position <= y.ragged_dim)
+    assert out.squeeze(position).ragged_dim == y.ragged_dim
+    _close(out.squeeze(position).tolist(), expected)
+
+
+def test_unsqueeze_refuses_the_batch_dim_and_dims_among_several_ragged_dims():
+    y, _ = _heads()
+    with pytest.raises(ValueError, match=r"unsqueeze\(0\)"):
+        y.unsqueeze(0)
+    images = nestbatch.nested([torch.randn(2, 3, 4), torch.randn(1, 5, 4)], num_ragged_dims=2)
+    with pytest.raises(ValueError, match="after the 2 ragged dims"):
+        images.unsqueeze(2)
+    _close(images.unsqueeze(3).tolist(), [s.unsqueeze(2) for s in images.tolist()])
+
+
+def test_flatten_before_a_moved_ragged_dim_moves_it_down():
+    samples = _samples(2, 3, 4)
+    y = nestbatch.nested(samples).permute(0, 2, 3, 1, 4)  # samples (2, 3, L, 4), ragged_dim 3
+    out = y.flatten(1, 2)
+    assert out.ragged_dim == 2
+    _close(out.tolist(), [s.permute(1, 2, 0, 3).flatten(0, 1) for s in samples])
+
+
+def test_unsqueeze_gradcheck_on_a_moved_batch():
+    y, _ = _heads(lengths=(2, 0, 3))
+
+    def fn(values):
+        return y.with_values(values).unsqueeze(1).values
+
+    assert torch.autograd.gradcheck(fn, (y.values.detach().clone().requires_grad_(),))

@@ -339,8 +339,9 @@ def _unbind(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``unsqueeze`` / ``squeeze`` / ``flatten`` restricted to the feature dims.
 
-    New dims go after the ragged dim (as before it moved); dims removed before a moved ragged
-    dim move it down.
+    With one ragged dim a new dim may go anywhere after the batch dim: inserted at or before the
+    ragged dim, it moves the ragged dim up (as ``torch.nested`` does). Several ragged dims stay
+    leading, so new dims go after them. Dims removed before a moved ragged dim move it down.
     """
     batch = args[0]
     k, rd = batch.num_ragged_dims, batch.ragged_dim
@@ -349,12 +350,16 @@ def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if name == "unsqueeze":
         dim = args[1] if len(args) > 1 else kwargs["dim"]
         dim = dim % (batch.dim() + 1)
-        last_ragged = k if k > 1 else rd
-        if dim <= last_ragged:
-            raise ValueError(
-                f"unsqueeze({dim}): new dims go after the ragged dim(s) (> {last_ragged})"
-            )
-        return batch.with_values(values.unsqueeze(dim - 1 if k == 1 else dim - k))
+        if k > 1 and dim <= k:
+            raise ValueError(f"unsqueeze({dim}): new dims go after the {k} ragged dims (> {k})")
+        if dim == 0:
+            raise ValueError("unsqueeze(0): dim 0 is the batch; new dims go after it")
+        if k > 1:
+            return batch.with_values(values.unsqueeze(dim - k))
+        before_ragged = dim <= rd
+        # Stored feature dims skip the ragged position: logical d < rd is stored at d.
+        stored = dim if before_ragged else dim - 1
+        return batch.with_values(values.unsqueeze(stored), rd + 1 if before_ragged else rd)
     if name == "squeeze":
         dims = args[1] if len(args) > 1 else kwargs.get("dim")
         if dims is None:
