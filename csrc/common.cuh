@@ -22,6 +22,14 @@
 #include <cstring>
 #include <initializer_list>
 
+// PyTorch caches the properties of every device; this is its accessor, declared as in
+// ATen/cuda/CUDAContextLight.h and implemented in libtorch_cuda, which every CUDA extension links.
+// That header is not included: it pulls in the cuBLAS, cuSPARSE and cuSOLVER headers, which an
+// nvcc-only toolkit (scripts/check_cuda_sources.sh on a CPU machine) does not have.
+namespace at::cuda {
+cudaDeviceProp* getCurrentDeviceProperties();
+}  // namespace at::cuda
+
 namespace nestbatch {
 
 constexpr int kThreads = 256;
@@ -72,15 +80,14 @@ inline int pick_unit_bytes(int64_t row_bytes, std::initializer_list<const void*>
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// From PyTorch's per-device cache: no CUDA runtime query at each launch.
+inline int64_t multiprocessor_count() {
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
 // Enough blocks to keep every SM busy with a few waves; grid-stride loops cover the rest, so the
 // grid never exceeds the hardware limit whatever the problem size.
-inline int64_t max_resident_blocks() {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return static_cast<int64_t>(sms) * 32;
-}
+inline int64_t max_resident_blocks() { return multiprocessor_count() * 32; }
 
 inline unsigned grid_for(int64_t work_items, int64_t items_per_block) {
   const int64_t wanted = ceil_div(work_items, items_per_block);

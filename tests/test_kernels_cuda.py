@@ -126,6 +126,37 @@ def test_mask_ops_exact(compiled, width):
         _equal(counts, ref_counts)
 
 
+@pytest.mark.parametrize(
+    ("batch", "width"), [(1, 16_384), (2, 10_000_000), (3, 70_001), (3, 1_000_003)]
+)
+def test_mask_ops_on_few_long_rows(compiled, batch, width):
+    """Few long rows take the chunked scan of csrc/mask_indices.cu (rows of 4 chunks of 4096
+    entries and more, fewer than 8 rows per SM): counts, cumsum, scatter and a zeroed tail."""
+    gen = torch.Generator().manual_seed(width)
+    position = torch.arange(width)
+    patterns = [
+        torch.rand(width, generator=gen) < 0.3,
+        position >= width - 100,  # True only in the last chunk
+        torch.ones(width, dtype=torch.bool),
+    ]
+    mask = torch.stack(patterns[:batch]).cuda()
+    # One byte into its allocation: byte loads instead of 16-byte ones.
+    misaligned = torch.empty(batch * width + 1, dtype=torch.bool, device="cuda")[1:]
+    misaligned = misaligned.view(batch, width).copy_(mask)
+    longest = int(mask.sum(1).max())
+    for max_count in (0, longest // 2, longest, longest + 3):
+        expected = operators._mask_to_indices_reference(mask, max_count)
+        for source in (mask, misaligned):
+            indices, counts = compiled.mask_to_indices(source, max_count)
+            _equal(indices, expected[0])
+            _equal(counts, expected[1])
+    data = torch.arange(batch * width, device="cuda", dtype=torch.int32).view(batch, width, 1)
+    out, counts = compiled.bool_compaction(data, mask, longest)
+    ref_out, ref_counts = operators._bool_compaction_reference(data, mask, longest)
+    _equal(out, ref_out)
+    _equal(counts, ref_counts)
+
+
 @pytest.mark.parametrize("feature", [(), (3,), (64,)])
 def test_duplicate_targets_resolve_to_the_last_slot(compiled, feature):
     gen = torch.Generator().manual_seed(11)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -196,7 +196,7 @@ def test_every_csrc_launch_is_rewritten():
         # One line was added (the #line directive); every other line stays where it was.
         assert rewritten.count("\n") == text.count("\n") + 1
         assert counts[path.name] == build._code_only(text).count("<<<")
-    assert counts["common.cuh"] == 1 and counts["mask_indices.cu"] == 2
+    assert counts["common.cuh"] == 1 and counts["mask_indices.cu"] == 5
 
 
 def test_launch_parsing_of_tricky_sources():
@@ -664,6 +664,145 @@ def test_mask_patterns(kern, width):
     assert_same(kern.mask_to_indices(noncontig, width)[0], bi.mask_to_indices(mask, width)[0])
 
 
+# ---------------------------------------------------------------- masks: the chunked scan path
+#: csrc/mask_indices.cu, use_chunks(): rows are cut into chunks of CHUNK entries when each spans
+#: at least MIN_CHUNKS_PER_ROW chunks and there are fewer rows than ROWS_PER_SM per emulated SM.
+CHUNK = 256 * 16
+MIN_CHUNKS_PER_ROW = 4
+ROWS_PER_SM = 8
+#: The launches each path makes: (count, last kernel) -> path. The chunked path with
+#: max_count == 0 only counts (pass 1); otherwise it counts, scatters and fills the tail.
+_MASK_PATHS = {
+    (1, "mask_to_indices_kernel"): "rows",
+    (1, "count_chunks_kernel<kVector>"): "chunks",
+    (3, "zero_tail_kernel"): "chunks",
+}
+
+
+def chunked_by_rule(batch: int, width: int, sms: int) -> bool:
+    return width >= MIN_CHUNKS_PER_ROW * CHUNK and batch < ROWS_PER_SM * sms
+
+
+def mask_to_indices_path(kern, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor, str]:
+    """``kern.mask_to_indices`` and the path it took, told by the kernels it launched."""
+    before = build.state()["launches"]
+    indices, counts = kern.mask_to_indices(mask, max_count)
+    state = build.state()
+    return indices, counts, _MASK_PATHS[(state["launches"] - before, state["last_kernel"])]
+
+
+def long_rows(batch: int, width: int, seed: int) -> Tensor:
+    """Rows whose True entries sit where the chunked path can go wrong: none, all, only in the
+    last (partial) chunk, at both sides of every chunk boundary, and at random."""
+    gen = torch.Generator().manual_seed(seed)
+    position = torch.arange(width)
+    patterns = [
+        torch.rand(width, generator=gen) < 0.3,
+        torch.zeros(width, dtype=torch.bool),
+        torch.ones(width, dtype=torch.bool),
+        position >= (width - 1) // CHUNK * CHUNK,
+        (position % CHUNK == 0) | (position % CHUNK == CHUNK - 1) | (position == width - 1),
+        torch.rand(width, generator=gen) < 0.98,
+    ]
+    return torch.stack([patterns[(seed + b) % len(patterns)] for b in range(batch)])
+
+
+@contextmanager
+def poisoned_empty() -> Iterator[None]:
+    """``at::empty`` fills what it returns (int64: its largest value, floats: NaN), so that an
+    output slot that no kernel writes shows, instead of reading as the zeros of fresh pages."""
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[1]
+
+
+def assert_mask_ops_match(kern, mask: Tensor, max_count: int, path: str) -> None:
+    """mask_to_indices and bool_compaction equal the PyTorch implementation, through ``path``,
+    with every output slot written (outputs start poisoned)."""
+    with poisoned_empty():
+        indices, counts, taken = mask_to_indices_path(kern, mask, max_count)
+    assert taken == path
+    expected = operators._mask_to_indices_reference(mask, max_count)
+    assert_same(indices, expected[0])
+    assert_same(counts, expected[1])
+    data = torch.arange(mask.numel() * 2, dtype=torch.int32).view(*mask.shape, 2)
+    with poisoned_empty():
+        out, counts = kern.bool_compaction(data, mask, max_count)
+    ref_out, ref_counts = operators._bool_compaction_reference(data, mask, max_count)
+    assert_same(out, ref_out)
+    assert_same(counts, ref_counts)
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "shuffled"])
+@pytest.mark.parametrize(
+    ("batch", "width", "sms"),
+    [
+        (1, MIN_CHUNKS_PER_ROW * CHUNK, 1),  # exactly 4 chunks, 16-byte loads
+        (2, 70_001, 2),  # a partial last chunk, byte loads (width % 16 != 0)
+        (3, 70_000, 3),  # a partial last chunk, 16-byte loads
+        (3, 5 * CHUNK + 16, 1),  # a last chunk of one thread's entries
+    ],
+)
+def test_mask_ops_on_few_long_rows(kern, schedule, batch, width, sms):
+    """Few long rows take the chunked path: count, cumsum, scatter, zero the tail. With grids of
+    32 blocks per SM the chunk loops stride; the output equals the one-block-per-row path."""
+    mask = long_rows(batch, width, seed=width + batch)
+    longest = int(mask.sum(1).max())
+    with emulation_settings(sms=sms, schedule=schedule, seed=batch):
+        assert chunked_by_rule(batch, width, sms)
+        for max_count in sorted({0, 1, longest // 2, longest, longest + 5, width + 3}):
+            assert_mask_ops_match(kern, mask, max_count, "chunks")
+        # One element into its allocation: the 16-byte loads give way to byte loads.
+        assert_mask_ops_match(kern, shifted(mask), longest, "chunks")
+
+
+@pytest.mark.parametrize(
+    ("batch", "width", "sms"),
+    [
+        (2, MIN_CHUNKS_PER_ROW * CHUNK, 1),
+        (2, MIN_CHUNKS_PER_ROW * CHUNK - 1, 1),
+        (ROWS_PER_SM - 1, MIN_CHUNKS_PER_ROW * CHUNK, 1),
+        (ROWS_PER_SM, MIN_CHUNKS_PER_ROW * CHUNK, 1),
+        (ROWS_PER_SM, MIN_CHUNKS_PER_ROW * CHUNK, 2),
+        (2 * ROWS_PER_SM, MIN_CHUNKS_PER_ROW * CHUNK + 1, 2),
+    ],
+)
+def test_mask_path_follows_the_host_rule(kern, batch, width, sms):
+    """Each side of both thresholds of the rule takes its path and gives the same output; the
+    SM count read through the cached device properties follows the emulated one between runs."""
+    mask = long_rows(batch, width, seed=batch)
+    path = "chunks" if chunked_by_rule(batch, width, sms) else "rows"
+    with emulation_settings(sms=sms):
+        assert_mask_ops_match(kern, mask, int(mask.sum(1).max()), path)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    chunks=st.integers(MIN_CHUNKS_PER_ROW, 6),
+    remainder=st.integers(-CHUNK + 1, 0),
+    density=st.floats(0, 1),
+    extra=st.integers(-50, 5),
+    sms=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_chunked_mask_property(kern, batch, chunks, remainder, density, extra, sms, seed):
+    width = max(chunks * CHUNK + remainder, MIN_CHUNKS_PER_ROW * CHUNK)
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.rand((batch, width), generator=gen) < density
+    max_count = max(0, int(mask.sum(1).max()) + extra)
+    with emulation_settings(sms=sms):
+        assert_mask_ops_match(kern, mask, max_count, "chunks")
+
+
 # ------------------------------------------------------------------ grid-stride loops, schedules
 def assert_grid_strides(rows: int, rows_per_block: int, cap: int) -> None:
     """The last launch ran the capped grid, too small to give every row its own thread group."""
@@ -979,13 +1118,20 @@ def _guarded_conversions(kern) -> None:
 def _guarded_masks(kern) -> None:
     from cuda_emulation.guarded import guarded
 
-    for width in (1, 300, 513):
+    # The last two take the chunked path (3 rows of 4 chunks and more), with 16-byte loads
+    # (16400 entries) and with byte loads (16401).
+    for width in (1, 300, 513, 16_400, 16_401):
         mask = mask_case(width, batch=3, width=width)
+        mask[1, -1] = True  # the very last entry is read, and selected
         data = torch.arange(3 * width * 2, dtype=torch.int64).view(3, width, 2)
         expected = bi.mask_to_indices(mask)
         count = expected[0].shape[1]
+        path = "chunks" if chunked_by_rule(3, width, build.state()["sm_count"]) else "rows"
+        assert path == ("chunks" if width > 1000 else "rows")
         for side in ("after", "before"):
-            assert_same(kern.mask_to_indices(guarded(mask, side), count)[0], expected[0])
+            indices, _, taken = mask_to_indices_path(kern, guarded(mask, side), count)
+            assert taken == path
+            assert_same(indices, expected[0])
             out, _ = kern.bool_compaction(guarded(data, side), guarded(mask, side), count)
             assert_same(out, bi.bool_compaction(data, mask)[0])
 

@@ -516,8 +516,9 @@ def emulation_settings(
     Parameters
     ----------
     sms : int, optional
-        What ``cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)`` reports; grids are
-        capped at 32 blocks per SM, so 1 makes every grid-stride loop of a large input iterate.
+        What ``at::cuda::getCurrentDeviceProperties()->multiProcessorCount`` reports; grids
+        are capped at 32 blocks per SM, so 1 makes every grid-stride loop of a large input
+        iterate (and ``mask_to_indices`` picks its path from it).
     schedule : {"forward", "reverse", "shuffled"}, optional
         Order of the blocks, and of the threads of a block between two barriers.
     seed : int, default 0

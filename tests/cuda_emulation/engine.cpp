@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -39,6 +40,7 @@
 
 #include "nestbatch_emulation/control.h"
 #include "nestbatch_emulation/engine.h"
+#include <ATen/cuda/CUDAContext.h>
 
 uint3 threadIdx{0, 0, 0};
 uint3 blockIdx{0, 0, 0};
@@ -510,6 +512,16 @@ int sm_count() {
   return kDefaultSms;
 }
 
+cudaDeviceProp* device_properties() {
+  thread_local cudaDeviceProp properties{};
+  std::strncpy(properties.name, "nestbatch emulated device", sizeof(properties.name) - 1);
+  properties.multiProcessorCount = sm_count();
+  properties.maxThreadsPerBlock = 1024;
+  properties.maxThreadsPerMultiProcessor = 2048;
+  properties.warpSize = warpSize;
+  return &properties;
+}
+
 cudaError_t take_last_error(bool clear) {
   const cudaError_t error = g_last_error;
   if (clear) g_last_error = cudaSuccess;
@@ -602,3 +614,9 @@ void reset_stats() {
 }
 
 }  // namespace nestbatch_emulation
+
+// The accessor that csrc/common.cuh declares (libtorch_cuda defines it on a GPU build). Hidden,
+// like the whole library, so it never interposes with PyTorch's own in a CUDA-enabled process.
+cudaDeviceProp* at::cuda::getCurrentDeviceProperties() {
+  return nestbatch_emulation::device_properties();
+}

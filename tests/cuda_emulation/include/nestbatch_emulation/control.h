@@ -7,9 +7,10 @@
 
 namespace nestbatch_emulation {
 
-// Overrides the SM count that cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount) reports
-// (the kernels size their grids from it); 0 restores the default, which is the environment
-// variable NESTBATCH_EMULATED_SMS when set, else 132 (an H100). Returns the previous override.
+// Overrides the SM count that at::cuda::getCurrentDeviceProperties()->multiProcessorCount and
+// cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount) report (the kernels size their grids
+// from it); 0 restores the default, which is the environment variable NESTBATCH_EMULATED_SMS when
+// set, else 132 (an H100). Takes effect at the next call. Returns the previous override.
 int64_t set_sm_count(int64_t count);
 
 // The order in which blocks, and the runnable threads of a block between two barriers, run:

@@ -53,6 +53,15 @@ enum cudaDeviceAttr {
 
 constexpr int warpSize = 32;
 
+// The fields of cudaDeviceProp that kernels size their launches from (the real struct has more).
+struct cudaDeviceProp {
+  char name[256];
+  int multiProcessorCount;
+  int maxThreadsPerBlock;
+  int maxThreadsPerMultiProcessor;
+  int warpSize;
+};
+
 // The builtin variables. They are ordinary globals that the engine rewrites whenever it switches
 // to another fiber; switches happen only inside the (out-of-line) barrier functions, so compiled
 // kernel code re-reads them after every barrier, as it must.
@@ -162,8 +171,11 @@ uint64_t warp_exchange(unsigned mask, uint64_t value, int source_lane, const cha
 // The lane of the calling thread within its warp (threads are numbered x-fastest).
 int lane_id();
 
-// Emulated device properties and runtime errors.
+// Emulated device properties and runtime errors. device_properties() is what
+// at::cuda::getCurrentDeviceProperties() returns: one struct per host thread, refreshed at every
+// call so that it follows set_sm_count (PyTorch's cached struct never changes).
 int sm_count();
+cudaDeviceProp* device_properties();
 cudaError_t take_last_error(bool clear);
 const char* error_string(cudaError_t error);
 
@@ -225,6 +237,8 @@ T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
   const bool later = source >= warpSize || source / width > lane / width;
   return nestbatch_emulation::shuffle(mask, var, later ? lane : source, "__shfl_xor_sync");
 }
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 // ------------------------------------------------------------------------------------- atomics
 // Launches run one at a time and a fiber only yields at a barrier or a warp exchange, so a plain
