@@ -5,9 +5,13 @@
 // such indices before launching; the kernels only guarantee memory safety.
 //
 // Scatters (indexing write, inverse access, mapping) run in two passes so that every output row
-// is written exactly once: the slots first claim their target rows in a (B, N) int64 map, then a
-// gather over the output rows copies each from its claiming slot, or from the background
-// (`into` / `target`) or the filler. Duplicate targets resolve to the highest slot, whole rows.
+// is written exactly once: the slots first claim their target rows in a (B, N) map of slot indices
+// (int32, or int64 when the index width M exceeds INT32_MAX), then a gather over the output rows
+// copies each from its claiming slot, or from the background (`into` / `target`) or the filler.
+// Duplicate targets resolve to the highest slot, whole rows.
+#include <limits>
+#include <type_traits>
+
 #include "common.cuh"
 #include "ops.h"
 
@@ -30,13 +34,21 @@ struct GatherMap {
   }
 };
 
+// The claim map holds slot indices j < M. For rows of a few bytes its traffic (the -1 fill, the
+// atomics, the read in the gather) outweighs the data, so it takes 4 bytes per target row unless
+// the index width M exceeds INT32_MAX. Decided from the shape, so that no operator synchronizes.
+inline at::ScalarType claim_type_for(int64_t width) {
+  return width <= std::numeric_limits<int32_t>::max() ? at::kInt : at::kLong;
+}
+
 // Slot j < sizes[b] of sample b claims output row (b, targets[b, j]) when that index, and for a
 // mapping its source index too, is in range. The highest claiming slot wins (atomicMax), so
 // duplicate targets resolve deterministically to whole rows of one slot; unclaimed rows keep -1.
+template <typename Claim>
 __global__ void __launch_bounds__(kThreads) claim_rows_kernel(
     const int64_t* __restrict__ targets, const int64_t* __restrict__ sources,
     const int64_t* __restrict__ sizes, int64_t batch_size, int64_t width, int64_t num_targets,
-    int64_t num_sources, long long* __restrict__ owners) {
+    int64_t num_sources, Claim* __restrict__ owners) {
   const int64_t slots = batch_size * width;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; k < slots;
        k += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -46,15 +58,16 @@ __global__ void __launch_bounds__(kThreads) claim_rows_kernel(
     const int64_t target = targets[k];
     if (target < 0 || target >= num_targets) continue;
     if (sources != nullptr && (sources[k] < 0 || sources[k] >= num_sources)) continue;
-    atomicMax(owners + b * num_targets + target, static_cast<long long>(j));
+    atomicMax(owners + b * num_targets + target, static_cast<Claim>(j));
   }
 }
 
 // Output row (b, t) of a (B, N) grid: the row of the slot j that claimed it, which is input row
 // (b, j) of a (B, M) grid, or with `sources` row (b, sources[b, j]) of a (B, Ns) grid; unclaimed
 // rows show the background (or get the filler when there is none).
+template <typename Claim>
 struct ClaimedRowMap {
-  const int64_t* owners;
+  const Claim* owners;
   const int64_t* sources;  // null: slot j reads input row (b, j)
   int64_t width;           // M
   int64_t num_targets;     // N
@@ -69,22 +82,46 @@ struct ClaimedRowMap {
   }
 };
 
-// (B, N) int64: for every target row, the slot that writes it (-1: none). `sources` may be
-// undefined (no source bound to check).
-at::Tensor claim_rows(const at::Tensor& targets, const at::Tensor& sources,
-                      const at::Tensor& sizes, int64_t num_targets, int64_t num_sources) {
+// Both passes of a scatter into `out` (B, N, *D), with a (B, N) map of Claim: slot j of `targets`
+// (B, M) claims its target row, then every output row is copied from its claiming slot, else from
+// `buffers.background` or, when that is null, with the filler. `sources` may be undefined (slot j
+// reads input row (b, j)); otherwise it names the input row of each slot, out of `num_sources`.
+template <typename Claim>
+void scatter_rows_with(const RowBuffers& buffers, const at::Tensor& out, const at::Tensor& targets,
+                       const at::Tensor& sources, const at::Tensor& sizes, int64_t num_sources,
+                       const FillPattern& pattern) {
+  // The signed types CUDA's atomicMax takes (int64_t is long on Linux, which it does not take).
+  static_assert(std::is_same_v<Claim, int> || std::is_same_v<Claim, long long>,
+                "claims are int or long long");
+  constexpr at::ScalarType claim_type = sizeof(Claim) == 4 ? at::kInt : at::kLong;
   const int64_t batch_size = targets.size(0);
   const int64_t width = targets.size(1);
-  at::Tensor owners = at::full({batch_size, num_targets}, -1, targets.options().dtype(at::kLong));
-  if (batch_size * width == 0 || num_targets == 0) return owners;
-  static_assert(sizeof(long long) == sizeof(int64_t), "atomicMax works on 64-bit slots");
-  claim_rows_kernel<<<grid_for(batch_size * width, kThreads), kThreads, 0,
-                      c10::cuda::getCurrentCUDAStream()>>>(
-      targets.data_ptr<int64_t>(), sources.defined() ? sources.data_ptr<int64_t>() : nullptr,
-      sizes.data_ptr<int64_t>(), batch_size, width, num_targets, num_sources,
-      reinterpret_cast<long long*>(owners.data_ptr<int64_t>()));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return owners;
+  const int64_t num_targets = out.size(1);
+  at::Tensor owners = at::full({batch_size, num_targets}, -1, targets.options().dtype(claim_type));
+  auto* claims = static_cast<Claim*>(owners.data_ptr());
+  const int64_t* source_rows = sources.defined() ? sources.data_ptr<int64_t>() : nullptr;
+  if (batch_size * width > 0) {
+    claim_rows_kernel<Claim><<<grid_for(batch_size * width, kThreads), kThreads, 0,
+                               c10::cuda::getCurrentCUDAStream()>>>(
+        targets.data_ptr<int64_t>(), source_rows, sizes.data_ptr<int64_t>(), batch_size, width,
+        num_targets, num_sources, claims);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  launch_row_copy(buffers, batch_size * num_targets, feature_row_bytes(out, 2), pattern,
+                  ClaimedRowMap<Claim>{claims, source_rows, width, num_targets, num_sources,
+                                       buffers.background != nullptr});
+}
+
+// No map is needed (nor filled) when there is nothing to write.
+void scatter_rows(const RowBuffers& buffers, const at::Tensor& out, const at::Tensor& targets,
+                  const at::Tensor& sources, const at::Tensor& sizes, int64_t num_sources,
+                  const FillPattern& pattern) {
+  if (out.numel() == 0) return;
+  if (claim_type_for(targets.size(1)) == at::kInt) {
+    scatter_rows_with<int>(buffers, out, targets, sources, sizes, num_sources, pattern);
+  } else {
+    scatter_rows_with<long long>(buffers, out, targets, sources, sizes, num_sources, pattern);
+  }
 }
 
 void check_index_args(const char* op, const at::Tensor& indices, const at::Tensor& sizes,
@@ -136,15 +173,9 @@ at::Tensor indexing_write_cuda(const at::Tensor& to_write, const at::Tensor& ind
   const at::Tensor idx = as_int64(indices);
   const at::Tensor lens = as_int64(sizes);
   const at::Tensor background = into.contiguous();
-  const int64_t num_targets = background.size(1);
-  const at::Tensor owners = claim_rows(idx, at::Tensor(), lens, num_targets, 0);
-  // Every output row is written once: by its claiming slot, else from `into`.
   at::Tensor out = at::empty_like(background);
-  launch_row_copy(RowBuffers{src.data_ptr(), background.data_ptr(), out.data_ptr()},
-                  out.size(0) * num_targets, feature_row_bytes(out, 2),
-                  make_fill_pattern(0, out.scalar_type()),
-                  ClaimedRowMap{owners.data_ptr<int64_t>(), nullptr, src.size(1), num_targets, 0,
-                                true});
+  scatter_rows(RowBuffers{src.data_ptr(), background.data_ptr(), out.data_ptr()}, out, idx,
+               at::Tensor(), lens, 0, make_fill_pattern(0, out.scalar_type()));
   return out;
 }
 
@@ -160,13 +191,9 @@ at::Tensor inverse_indexing_access_cuda(const at::Tensor& data, const at::Tensor
   const at::Tensor src = data.contiguous();
   const at::Tensor idx = as_int64(indices);
   const at::Tensor lens = as_int64(sizes);
-  const at::Tensor owners = claim_rows(idx, at::Tensor(), lens, num_targets, 0);
-  // Every output row is written once: by its claiming slot, else with the filler.
   at::Tensor out = at::empty(rows_shape(src, src.size(0), num_targets), src.options());
-  launch_row_copy(src.data_ptr(), out.data_ptr(), out.size(0) * num_targets,
-                  feature_row_bytes(out, 2), make_fill_pattern(filler_value, src.scalar_type()),
-                  ClaimedRowMap{owners.data_ptr<int64_t>(), nullptr, src.size(1), num_targets, 0,
-                                false});
+  scatter_rows(RowBuffers{src.data_ptr(), nullptr, out.data_ptr()}, out, idx, at::Tensor(), lens,
+               0, make_fill_pattern(filler_value, src.scalar_type()));
   return out;
 }
 
@@ -188,16 +215,9 @@ at::Tensor index_mapping_cuda(const at::Tensor& source, const at::Tensor& source
   const at::Tensor t_idx = as_int64(target_indices);
   const at::Tensor lens = as_int64(sizes);
   const at::Tensor background = target.contiguous();
-  const int64_t num_targets = background.size(1);
-  const at::Tensor owners = claim_rows(t_idx, s_idx, lens, num_targets, src.size(1));
-  // Every output row is written once: from the source row its claiming pair names, else from
-  // `target`.
   at::Tensor out = at::empty_like(background);
-  launch_row_copy(RowBuffers{src.data_ptr(), background.data_ptr(), out.data_ptr()},
-                  out.size(0) * num_targets, feature_row_bytes(out, 2),
-                  make_fill_pattern(0, out.scalar_type()),
-                  ClaimedRowMap{owners.data_ptr<int64_t>(), s_idx.data_ptr<int64_t>(),
-                                s_idx.size(1), num_targets, src.size(1), true});
+  scatter_rows(RowBuffers{src.data_ptr(), background.data_ptr(), out.data_ptr()}, out, t_idx,
+               s_idx, lens, src.size(1), make_fill_pattern(0, out.scalar_type()));
   return out;
 }
 

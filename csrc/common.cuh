@@ -85,13 +85,14 @@ inline int64_t multiprocessor_count() {
   return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
-// Enough blocks to keep every SM busy with a few waves; grid-stride loops cover the rest, so the
-// grid never exceeds the hardware limit whatever the problem size.
-inline int64_t max_resident_blocks() { return multiprocessor_count() * 32; }
+// The most blocks a grid gets: 32 per SM keeps every SM busy for a few waves, and the grid-stride
+// loops of the kernels cover whatever lies beyond, so a grid stays far below the hardware limit
+// (and launches stay cheap) whatever the problem size.
+inline int64_t grid_block_cap() { return multiprocessor_count() * 32; }
 
 inline unsigned grid_for(int64_t work_items, int64_t items_per_block) {
   const int64_t wanted = ceil_div(work_items, items_per_block);
-  const int64_t cap = max_resident_blocks();
+  const int64_t cap = grid_block_cap();
   const int64_t capped = wanted < cap ? wanted : cap;
   return static_cast<unsigned>(capped < 1 ? 1 : capped);
 }

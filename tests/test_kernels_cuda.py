@@ -296,6 +296,37 @@ def test_more_than_2_31_elements():
     assert int(packed[:, 0].sum()) == total - 1 and not bool(packed[-1].any())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [2**31 - 1, 2**31 + 4096])
+def test_scatters_past_int32_slot_indices(compiled, width):
+    """csrc/batched_indexing.cu claims target rows in an int32 map up to an index width of
+    INT32_MAX and in an int64 one past it. Slot j targets row j % 1000, every slot but the last
+    three is valid: each row goes to one of the last 1000 valid slots, all past INT32_MAX for the
+    wider width, where an int32 slot index would wrap. Two (1, width) int64 index tensors (16 GB
+    each) and 1-byte rows: about 35 GB of GPU memory."""
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs about 35 GB of GPU memory")
+    num_targets, valid = 1000, width - 3
+    targets = torch.arange(width, device="cuda").remainder_(num_targets).view(1, width)
+    winners = torch.arange(valid - num_targets, valid, device="cuda")  # one per target row
+    rows = torch.zeros(1, width, dtype=torch.int8, device="cuda")
+    rows[0, winners] = (winners % 100 + 1).to(torch.int8)  # the losing slots hold 0
+    sizes = torch.tensor([valid], device="cuda")
+    into = torch.full((1, num_targets), -7, dtype=torch.int8, device="cuda")
+    expected = torch.empty_like(into)
+    expected[0, winners % num_targets] = rows[0, winners]
+    _equal(compiled.indexing_write(rows, targets, sizes, into), expected)
+    _equal(compiled.inverse_indexing_access(rows, targets, sizes, num_targets, -7), expected)
+    del rows
+    # The winning pairs read source rows 1..1000, every other pair source row 0.
+    sources = torch.zeros(1, width, dtype=torch.int64, device="cuda")
+    sources[0, winners] = torch.arange(1, num_targets + 1, device="cuda")
+    source = torch.arange(num_targets + 1, device="cuda").view(1, -1).to(torch.int16)
+    mapped = torch.empty(1, num_targets, dtype=torch.int16, device="cuda")
+    mapped[0, winners % num_targets] = source[0, 1:]
+    _equal(compiled.index_mapping(source, sources, targets, sizes, into.to(torch.int16)), mapped)
+
+
 def test_dtypes_outside_the_kernels_fall_back_on_cuda():
     # complex64 is outside the kernels' dtype dispatch: the operators run the PyTorch path.
     values = torch.randn(7, 3, dtype=torch.complex64, device="cuda")

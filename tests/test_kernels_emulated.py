@@ -19,9 +19,10 @@ compiler can build the emulation.
 from __future__ import annotations
 
 import math
+import mmap
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 
 import pytest
@@ -524,11 +525,26 @@ def _last_slot_wins(rows: Tensor, indices: Tensor, sizes: Tensor, background: Te
     return out
 
 
+def claimed_scatter(call: Callable[[], Tensor]) -> tuple[Tensor, int]:
+    """Run a scatter; returns its output and the element size of its claim map (what the last
+    pointer parameter of the claim kernel points to), after checking that it launched the claim
+    and then the row copy."""
+    before = build.state()["launches"]
+    out = call()
+    state = build.state()
+    assert state["launches"] == before + 2
+    claim, copy = state["recent_launches"][-2:]
+    assert claim["kernel"] == "claim_rows_kernel<Claim>"
+    assert copy["kernel"] == "row_copy_kernel<Unit, Map>"
+    return out, claim["pointee_bytes"][-1]
+
+
 @pytest.mark.parametrize("schedule", ["forward", "reverse", "shuffled"])
 @pytest.mark.parametrize("feature", [(), (3,), (64,)])
 def test_duplicate_targets_resolve_to_the_last_slot(kern, schedule, feature):
     """Scatters claim their target rows first, so a target written by several slots receives the
-    whole row of the highest slot, whatever order the threads run in."""
+    whole row of the highest slot, whatever order the threads run in. Index widths up to
+    INT32_MAX claim in an int32 map."""
     gen = torch.Generator().manual_seed(11)
     batch, width, targets = 4, 12, 5  # more slots than targets: duplicates for sure
     indices = torch.randint(0, targets, (batch, width), generator=gen)
@@ -539,19 +555,106 @@ def test_duplicate_targets_resolve_to_the_last_slot(kern, schedule, feature):
     sources = torch.randint(0, 6, (batch, width), generator=gen)
     source = random_values((batch, 6, *feature), torch.float32, gen)
     gathered = torch.stack([source[b, sources[b]] for b in range(batch)])
-    with emulation_settings(schedule=schedule, seed=3, sms=1):
-        assert_same(
-            kern.indexing_write(rows, indices, sizes, into),
+    cases = [
+        (
+            lambda: kern.indexing_write(rows, indices, sizes, into),
             _last_slot_wins(rows, indices, sizes, into),
-        )
-        assert_same(
-            kern.inverse_indexing_access(rows, indices, sizes, targets, -1.0),
+        ),
+        (
+            lambda: kern.inverse_indexing_access(rows, indices, sizes, targets, -1.0),
             _last_slot_wins(rows, indices, sizes, filler),
-        )
-        assert_same(
-            kern.index_mapping(source, sources, indices, sizes, into),
+        ),
+        (
+            lambda: kern.index_mapping(source, sources, indices, sizes, into),
             _last_slot_wins(gathered, indices, sizes, into),
-        )
+        ),
+    ]
+    with emulation_settings(schedule=schedule, seed=3, sms=1):
+        for call, expected in cases:
+            out, claim_bytes = claimed_scatter(call)
+            assert_same(out, expected)
+            assert claim_bytes == 4
+
+
+def test_scatters_with_nothing_to_write_launch_nothing(kern):
+    """No claim map is filled, and no kernel launched, for an output without bytes; without
+    slots, every row shows the background (one row copy, no claims)."""
+    rows, indices = torch.ones(2, 3, 4), torch.zeros(2, 3, dtype=torch.int64)
+    sizes = torch.full((2,), 3)
+    cases = [
+        lambda: kern.indexing_write(rows, indices, sizes, torch.ones(2, 0, 4)),
+        lambda: kern.indexing_write(rows[..., :0], indices, sizes, torch.ones(2, 5, 0)),
+        lambda: kern.inverse_indexing_access(rows, indices, sizes, 0, 1.0),
+        lambda: kern.index_mapping(rows, indices, indices, sizes, torch.ones(2, 0, 4)),
+        lambda: kern.indexing_write(rows[:0], indices[:0], sizes[:0], torch.ones(0, 5, 4)),
+    ]
+    for call in cases:
+        before = build.state()["launches"]
+        assert call().numel() == 0
+        assert build.state()["launches"] == before
+    into = torch.randn(2, 5, 4)
+    no_slots = (rows[:, :0], indices[:, :0], sizes)
+    assert_same(run_row_copy(lambda: kern.indexing_write(*no_slots, into), 16), into)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """Zeros on anonymous memory reserving nothing: a page costs memory only once written (reads
+    map the kernel's shared zero page), so a tensor of 2**31 slots costs its few written pages.
+    Huge pages, where the kernel allows them, cut the read faults of a pass over it by 512."""
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    map_noreserve = 0x4000  # Linux; mmap.MAP_NORESERVE only exists from Python 3.13
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_noreserve
+    try:
+        memory = mmap.mmap(-1, nbytes, flags=flags)
+    except OSError as why:
+        pytest.skip(f"cannot map {nbytes} bytes of address space: {why}")
+    with suppress(AttributeError, OSError):
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(memory, dtype=dtype).view(shape)  # keeps the mapping alive
+
+
+INT32_MAX = 2**31 - 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("op", "width", "schedule"),
+    [
+        ("indexing_write", 2**31 + 8, "forward"),
+        ("inverse_indexing_access", 2**31 + 8, "reverse"),
+        ("index_mapping", 2**31 + 8, "shuffled"),
+        ("indexing_write", INT32_MAX, "shuffled"),
+    ],
+)
+def test_scatters_past_int32_slot_indices(kern, op, width, schedule):
+    """An index width past INT32_MAX claims in an int64 map (csrc/batched_indexing.cu,
+    claim_type_for); INT32_MAX is the widest that claims in int32. The indices, rows and source
+    indices are lazily mapped zeros but for the last slots: every slot is valid and all but those
+    target row 0, so with 2**31 + 8 slots rows 0 and 1 go to slots past INT32_MAX, which an int32
+    map would wrap to negative, unclaimed, values. 10-15 s each (2**31 emulated slots)."""
+    targets, rows = lazy_zeros((1, width), torch.int64), lazy_zeros((1, width), torch.int8)
+    # Row 0: slot width - 3 (width - 4 for the mapping); row 1: the last slot; rows 2 and 3:
+    # nobody (the out-of-range target of slot width - 2 is skipped).
+    targets[0, -1], targets[0, -2] = 1, 9
+    rows[0, -1], rows[0, -2], rows[0, -3] = 11, 22, 33
+    sizes = torch.tensor([width])
+    into = torch.tensor([[1, 2, 3, 4]], dtype=torch.int8)
+    if op == "indexing_write":
+        expected = [33, 11, 3, 4]
+        args = (rows, targets, sizes, into)
+    elif op == "inverse_indexing_access":
+        expected = [33, 11, -1, -1]
+        args = (rows, targets, sizes, 4, -1)
+    else:
+        # Slot width - 3 names a source out of range: the pair is skipped, width - 4 wins row 0.
+        sources = lazy_zeros((1, width), torch.int64)
+        sources[0, -1], sources[0, -3], sources[0, -4] = 2, 7, 1
+        expected = [20, 30, 3, 4]
+        args = (torch.tensor([[10, 20, 30]], dtype=torch.int8), sources, targets, sizes, into)
+    with emulation_settings(schedule=schedule, seed=5):
+        out, claim_bytes = claimed_scatter(lambda: getattr(kern, op)(*args))
+    assert claim_bytes == (4 if width <= INT32_MAX else 8)
+    assert_same(out, torch.tensor([expected], dtype=torch.int8))
 
 
 def _out_of_range(index_dtype: torch.dtype, bound: int) -> list[int]:

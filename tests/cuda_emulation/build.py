@@ -503,7 +503,8 @@ def load() -> Path:
 def state() -> dict:
     """Counters of the engine (launches, blocks, barrier arrivals, fiber switches), the last
     launch (kernel, site, grid, block, ``last_pointee_bytes``: the size of what each pointer
-    parameter points to, i.e. the vector unit of a row copy) and the settings."""
+    parameter points to, i.e. the vector unit of a row copy), ``recent_launches`` (kernel and
+    pointee sizes of the last 8 launches, oldest first) and the settings."""
     return json.loads(torch.ops.nestbatch_emulation.state())
 
 

@@ -34,6 +34,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -104,7 +105,12 @@ struct Stats {
   std::string last_pointee_bytes;
   dim3 last_grid{0, 0, 0};
   dim3 last_block{0, 0, 0};
+  // (kernel, pointee bytes) of the latest launches, oldest first: an operator that launches
+  // several kernels shows what each of them was instantiated for, not only its last one.
+  std::vector<std::pair<std::string, std::string>> recent;
 };
+
+constexpr size_t kRecentLaunches = 8;
 
 std::mutex g_launch_mutex;
 Launch* g_launch = nullptr;  // the launch in flight, guarded by g_launch_mutex
@@ -414,6 +420,8 @@ void record_launch(const KernelSite& site, const LaunchConfig& config, std::stri
   g_stats.last_pointee_bytes = std::move(pointee_bytes);
   g_stats.last_grid = config.grid;
   g_stats.last_block = config.block;
+  if (g_stats.recent.size() == kRecentLaunches) g_stats.recent.erase(g_stats.recent.begin());
+  g_stats.recent.emplace_back(g_stats.last_kernel, g_stats.last_pointee_bytes);
 }
 
 void run_blocks(Launch& launch, const LaunchConfig& config) {
@@ -588,23 +596,35 @@ std::string json_dim3(const dim3& d) {
          "]";
 }
 
+// "4,8," (how the launch lists the pointee sizes) as the JSON array [4,8].
+std::string json_sizes(std::string sizes) {
+  if (!sizes.empty() && sizes.back() == ',') sizes.pop_back();
+  return "[" + sizes + "]";
+}
+
 }  // namespace
 
 std::string state_json() {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
   static const char* const kNames[] = {"forward", "reverse", "shuffled"};
-  std::string bytes = g_stats.last_pointee_bytes;
-  if (!bytes.empty() && bytes.back() == ',') bytes.pop_back();
+  std::ostringstream recent;
+  const char* separator = "";
+  for (const auto& [kernel, bytes] : g_stats.recent) {
+    recent << separator << "{\"kernel\": " << json_string(kernel)
+           << ", \"pointee_bytes\": " << json_sizes(bytes) << "}";
+    separator = ", ";
+  }
   std::ostringstream out;
   out << "{\"launches\": " << g_stats.launches << ", \"blocks\": " << g_stats.blocks
       << ", \"threads\": " << g_stats.threads << ", \"block_barriers\": " << g_stats.block_barriers
       << ", \"warp_syncs\": " << g_stats.warp_syncs << ", \"switches\": " << g_stats.switches
       << ", \"last_kernel\": " << json_string(g_stats.last_kernel)
       << ", \"last_site\": " << json_string(g_stats.last_site)
-      << ", \"last_pointee_bytes\": [" << bytes << "]"
+      << ", \"last_pointee_bytes\": " << json_sizes(g_stats.last_pointee_bytes)
       << ", \"last_grid\": " << json_dim3(g_stats.last_grid)
       << ", \"last_block\": " << json_dim3(g_stats.last_block) << ", \"sm_count\": " << sm_count()
-      << ", \"schedule\": " << json_string(kNames[static_cast<int>(g_order)]) << "}";
+      << ", \"schedule\": " << json_string(kNames[static_cast<int>(g_order)])
+      << ", \"recent_launches\": [" << recent.str() << "]}";
   return out.str();
 }
 

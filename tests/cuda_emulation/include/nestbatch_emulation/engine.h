@@ -243,12 +243,28 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 // ------------------------------------------------------------------------------------- atomics
 // Launches run one at a time and a fiber only yields at a barrier or a warp exchange, so a plain
 // read-modify-write is atomic here. Returns the old value, as CUDA's atomics do.
+namespace nestbatch_emulation {
 template <typename T>
-T atomicMax(T* address, T value) {
-  static_assert(std::is_integral_v<T>, "atomicMax takes integer slots");
+T atomic_max(T* address, T value) {
   const T old = *address;
   if (value > old) *address = value;
   return old;
+}
+}  // namespace nestbatch_emulation
+
+// Exactly CUDA's overloads, so that a call nvcc rejects (an int64_t slot, which is long on Linux)
+// fails here too instead of passing a template.
+inline int atomicMax(int* address, int value) {
+  return nestbatch_emulation::atomic_max(address, value);
+}
+inline unsigned atomicMax(unsigned* address, unsigned value) {
+  return nestbatch_emulation::atomic_max(address, value);
+}
+inline long long atomicMax(long long* address, long long value) {
+  return nestbatch_emulation::atomic_max(address, value);
+}
+inline unsigned long long atomicMax(unsigned long long* address, unsigned long long value) {
+  return nestbatch_emulation::atomic_max(address, value);
 }
 
 // ---------------------------------------------------------------------- CUDA runtime functions
