@@ -227,7 +227,9 @@ def mask_to_indices(mask: Tensor, max_count: int | None = None) -> tuple[Tensor,
     mask : Tensor
         Bool tensor of shape ``(B, N)``.
     max_count : int, optional
-        Output width; entries of rank ``>= max_count`` are dropped. Default: the largest count.
+        Output width; entries of rank ``>= max_count`` are dropped. Default: the largest count,
+        read on the host (one synchronization when the mask lives on a GPU: the output's shape
+        depends on it); pass it to avoid that.
 
     Returns
     -------
