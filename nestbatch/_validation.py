@@ -7,6 +7,7 @@ device, which is why constructors take ``validate=False`` for trusted input.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -40,10 +41,98 @@ def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.devi
     return value.to(device=device, dtype=torch.int64)
 
 
+def host_sizes(value: object, name: str) -> tuple[int, ...]:
+    """A Python sequence of sizes as a tuple of non-negative ints, checked on the host.
+
+    Integers (Python ints, NumPy integers, 0-d integer tensors on the CPU) are accepted; floats,
+    bools and strings are refused rather than truncated or read character by character.
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is not a sequence of integers.
+    ValueError
+        If a size is negative.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a sequence of ints or a 1-d integer tensor, got "
+            f"{type(value).__name__}"
+        )
+    sizes = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or (isinstance(item, Tensor) and item.dtype == torch.bool):
+            raise TypeError(f"{name}[{i}] must be an int, got a bool ({item})")
+        try:
+            sizes.append(operator.index(item))
+        except TypeError:
+            raise TypeError(
+                f"{name}[{i}] must be an int, got {type(item).__name__} ({item!r})"
+            ) from None
+    negative = [n for n in sizes if n < 0]
+    if negative:
+        raise ValueError(f"{name} must be non-negative, got {negative[0]} in {list(value)}")
+    return tuple(sizes)
+
+
+def check_count(value: object, name: str) -> int:
+    """A non-negative Python int (NumPy integers and 0-d integer tensors too; not bools,
+    floats or strings)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got a bool ({value})")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})") from None
+    if count < 0:
+        raise ValueError(f"{name} must be non-negative, got {count}")
+    return count
+
+
+def read_device_values(values: Tensor) -> list:
+    """The entries of a small device tensor on the host: one device-to-host copy (a sync).
+
+    The one place validation reads the device, so every such read is easy to find and count.
+    """
+    return values.cpu().tolist()
+
+
+def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | None = None,
+                            name: str = "offsets") -> None:
+    """Check device ``offsets`` ``(B + 1,)``: start at 0, never decrease, end at ``num_values``,
+    and (when ``max_len`` is given) no sample longer than ``max_len``.
+
+    Costs four small device ops and one read of two numbers (one synchronization): the chain
+    ``[o_0, 0, o_0, o_1, ..., o_B, n, o_B]`` has all its steps in ``[0, max_len]`` exactly when
+    the offsets are valid. The chain is laid out twice in one tensor so that one subtraction of
+    two strided views gives every step and its negation, and one ``amax`` the largest of each.
+    Details of a failure are read on the error path only.
+    """
+    if offsets.numel() == 0:
+        raise ValueError(f"{name} must have at least one entry (B + 1 values), got an empty tensor")
+    ends = torch.tensor([0, num_values], dtype=offsets.dtype, device=offsets.device)
+    chain = torch.cat([offsets[:1], ends[:1], offsets, ends[1:], offsets[-1:]] * 2)
+    length = offsets.numel() + 4
+    later = chain.as_strided((2, length - 1), (length - 1, 1), 1)  # rows: c[j + 1], c[j]
+    earlier = chain.as_strided((2, length - 1), (length + 1, 1), 0)  # rows: c[j], c[j + 1]
+    largest, negated_smallest = read_device_values((later - earlier).amax(1))
+    smallest = -negated_smallest
+    limit = num_values if max_len is None else max_len
+    if smallest >= 0 and largest <= limit:
+        return
+    check_offsets(offsets, num_values, name)
+    longest = int(offsets.diff().max()) if offsets.numel() > 1 else 0
+    raise ValueError(
+        f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
+        "layout would lose data; give the true maximum or leave max_len out"
+    )
+
+
 def check_offsets(offsets: Tensor, num_values: int, name: str = "offsets") -> None:
     """Check that ``offsets`` start at 0, never decrease and end at ``num_values``.
 
-    Reads device values (one synchronization).
+    Reads device values (synchronizes; :func:`check_offsets_on_device` is the one-read check
+    of the hot path, this one names the failure).
     """
     if offsets.numel() == 0:
         raise ValueError(f"{name} must have at least one entry (B + 1 values), got an empty tensor")

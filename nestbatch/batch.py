@@ -17,9 +17,12 @@ from torch import Tensor
 from nestbatch import convert
 from nestbatch._validation import (
     as_index_tensor,
-    check_non_negative,
+    check_count,
+    check_offsets_on_device,
     check_prefix_mask,
     check_tensor,
+    host_sizes,
+    read_device_values,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
 from nestbatch.ops.common import storage_dim
@@ -102,39 +105,80 @@ class NestedBatch(TensorMethods):
     ) -> NestedBatch:
         """Batch from packed ``values (total, *feature)`` and ``lengths (B,)`` (TF row_lengths).
 
-        A Python sequence of lengths is kept on the host, so later conversions need no sync;
-        ``max_len`` gives the largest length on the host when ``lengths`` is a device tensor.
-        ``validate`` checks lengths against ``values`` (reads device values).
+        Parameters
+        ----------
+        values : Tensor
+            ``(total, *feature)``, shared.
+        lengths : sequence of int or Tensor
+            A Python sequence is kept on the host and checked there (no device work at all
+            until a conversion needs the offsets); a 1-d integer tensor stays where it is.
+        max_len : int, optional
+            The largest length, when ``lengths`` is a device tensor (saves a sync later).
+        validate : bool, default True
+            Check the lengths against ``values``: on the host for host lengths; for a device
+            tensor this reads the device once.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For lengths that are not non-negative integers, do not add up to ``len(values)``,
+            or exceed ``max_len``.
         """
         check_tensor(values, "values")
-        host = None if isinstance(lengths, Tensor) else [int(n) for n in lengths]
+        if values.dim() < 1:
+            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+        max_len = None if max_len is None else check_count(max_len, "max_len")
+        if not isinstance(lengths, Tensor):
+            host = host_sizes(lengths, "lengths")
+            _check_host_lengths(host, values.shape[0], max_len)
+            partition = RowPartition.from_host_lengths(host, values.device, max_len=max_len)
+            return cls(Packed(values, partition=partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
+        partition = RowPartition.from_lengths(lengths, max_len=max_len)
         if validate:
-            check_non_negative(lengths, "lengths")
-        partition = RowPartition.from_lengths(lengths, host_lengths=host, max_len=max_len)
-        if validate and values.dim() >= 1 and partition.total != values.shape[0]:
-            raise ValueError(
-                f"lengths add up to {partition.total} but values has {values.shape[0]} rows"
-            )
+            _check_device_lengths(lengths, values.shape[0], max_len)
+        partition.note_total(values.shape[0])
         return cls(Packed(values, partition=partition))
 
     @classmethod
     def from_offsets(
         cls,
         values: Tensor,
-        offsets: Tensor,
+        offsets: Tensor | Sequence[int],
         *,
         max_len: int | None = None,
         validate: bool = True,
     ) -> NestedBatch:
         """Batch from packed ``values (total, *feature)`` and ``offsets (B + 1,)`` (TF row_splits).
 
-        ``validate`` checks that offsets start at 0, never decrease and end at ``len(values)``
-        (reads device values).
+        Parameters
+        ----------
+        values : Tensor
+            ``(total, *feature)``, shared.
+        offsets : Tensor or sequence of int
+            Sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``. A Python sequence is checked
+            on the host.
+        max_len : int, optional
+            The largest length, known on the host (saves reading it from the device later).
+        validate : bool, default True
+            Check that the offsets start at 0, never decrease, end at ``len(values)`` and that
+            no sample is longer than ``max_len``. For device offsets this costs four small
+            device ops and one read of two numbers (a sync); pass False for trusted offsets on a
+            hot path.
         """
-        packed = Packed(values, offsets, validate=validate)
+        check_tensor(values, "values")
+        max_len = None if max_len is None else check_count(max_len, "max_len")
+        if not isinstance(offsets, Tensor):
+            host = host_sizes(offsets, "offsets")
+            lengths = [b - a for a, b in zip(host, host[1:])]
+            if not host or host[0] != 0 or any(n < 0 for n in lengths):
+                raise ValueError(f"offsets must start at 0 and never decrease, got {list(host)}")
+            return cls.from_lengths(values, lengths, max_len=max_len)
+        packed = Packed(values, offsets, validate=False)
+        if validate:
+            check_offsets_on_device(packed.partition.offsets, values.shape[0], max_len)
         if max_len is not None:
-            packed.partition.__dict__["max_shape"] = (int(max_len),)
+            packed.partition._max_shape = (max_len,)
         return cls(packed)
 
     @classmethod
@@ -229,7 +273,8 @@ class NestedBatch(TensorMethods):
                 )
             lengths = check_prefix_mask(mask) if validate else mask.sum(1)
         elif lengths is not None and not isinstance(lengths, Tensor):
-            return cls(_padded_with_host_lengths(data, lengths, padding_value))
+            host = host_sizes(lengths, "lengths")
+            return cls(_padded_with_host_lengths(data, host, padding_value))
         return cls(
             Padded(
                 data,
@@ -799,24 +844,48 @@ class NestedBatch(TensorMethods):
 
 
 def _padded_with_host_lengths(
-    data: Tensor, lengths: Sequence[int], padding_value: float | None
+    data: Tensor, host: tuple[int, ...], padding_value: float | None
 ) -> Padded:
     # Lengths known on the host are checked on the host: no device sync now or later.
-    host = [int(n) for n in lengths]
     if data.dim() < 2 or len(host) != data.shape[0]:
         raise ValueError(
             f"lengths has {len(host)} entries but data has shape {tuple(data.shape)} "
             "(expected (B, max_len, *feature) with B == len(lengths))"
         )
-    if any(n < 0 for n in host):
-        raise ValueError(f"lengths must be non-negative, got {host}")
     if any(n > data.shape[1] for n in host):
         raise ValueError(
             f"lengths do not fit the padded data: largest length {max(host)} exceeds its "
             f"max_len {data.shape[1]}"
         )
-    partition = RowPartition.from_host_shapes([(n,) for n in host], 1, data.device)
+    partition = RowPartition.from_host_lengths(host, data.device)
     return Padded(data, partition=partition, padding_value=padding_value)
+
+
+def _check_host_lengths(host: tuple[int, ...], num_rows: int, max_len: int | None) -> None:
+    total = sum(host)
+    if total != num_rows:
+        raise ValueError(f"lengths add up to {total} but values has {num_rows} rows")
+    longest = max(host, default=0)
+    if max_len is not None and longest > max_len:
+        raise ValueError(
+            f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
+            "layout would lose data; give the true maximum or leave max_len out"
+        )
+
+
+def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -> None:
+    """Check device lengths with one read of three numbers (a sync)."""
+    if lengths.numel() == 0:
+        if num_rows:
+            raise ValueError(f"lengths add up to 0 but values has {num_rows} rows")
+        return
+    stats = torch.stack([lengths.amin(), lengths.amax(), lengths.sum()])
+    smallest, longest, total = read_device_values(stats)
+    if smallest < 0:
+        raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
+    _check_host_lengths((total,), num_rows, None)
+    if max_len is not None and longest > max_len:
+        _check_host_lengths((longest,), longest, max_len)
 
 
 def _asked_by_time_major_rnn() -> bool:

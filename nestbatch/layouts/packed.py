@@ -7,7 +7,7 @@ from torch import Tensor
 
 from nestbatch._validation import (
     check_non_negative,
-    check_offsets,
+    check_offsets_on_device,
     check_tensor,
 )
 from nestbatch.layouts.base import RaggedLayout
@@ -89,7 +89,7 @@ def _partition_from_offsets(offsets: Tensor, values: Tensor, validate: bool) -> 
         raise ValueError(f"offsets must be 1-d (B + 1,), got shape {tuple(offsets.shape)}")
     offsets = offsets.to(device=values.device, dtype=torch.int64)
     if validate:
-        check_offsets(offsets, values.shape[0])
+        check_offsets_on_device(offsets, values.shape[0])
     return RowPartition.from_offsets(offsets)
 
 

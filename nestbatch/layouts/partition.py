@@ -50,18 +50,29 @@ class RowPartition:
 
     def __init__(
         self,
-        shape_per_sample: Tensor,
+        shape_per_sample: Tensor | None,
         *,
         host_shapes: tuple[tuple[int, ...], ...] | None = None,
         max_shape: tuple[int, ...] | None = None,
+        device: torch.device | None = None,
     ) -> None:
-        if shape_per_sample.dim() != 2:
-            raise ValueError(
-                f"shape_per_sample must have shape (B, k), got {tuple(shape_per_sample.shape)}"
-            )
-        if shape_per_sample.shape[1] < 1:
-            raise ValueError("a batch needs at least one ragged dim (k >= 1)")
-        self._shapes = shape_per_sample.to(torch.int64)
+        if shape_per_sample is None:
+            if host_shapes is None or device is None:
+                raise ValueError("a partition needs shape_per_sample, or host_shapes and device")
+            self._shapes = None
+            self._device = torch.device(device)
+            self._num_ragged_dims = len(host_shapes[0]) if host_shapes else 1
+            self._batch_size = len(host_shapes)
+        else:
+            if shape_per_sample.dim() != 2:
+                raise ValueError(
+                    f"shape_per_sample must have shape (B, k), got {tuple(shape_per_sample.shape)}"
+                )
+            if shape_per_sample.shape[1] < 1:
+                raise ValueError("a batch needs at least one ragged dim (k >= 1)")
+            self._shapes = shape_per_sample.to(torch.int64)
+            self._device = shape_per_sample.device
+            self._batch_size, self._num_ragged_dims = shape_per_sample.shape
         self._host_shapes = host_shapes
         self._max_shape = max_shape
 
@@ -70,10 +81,25 @@ class RowPartition:
     def from_host_shapes(
         cls, shapes: Sequence[Sequence[int]], num_ragged_dims: int, device: torch.device
     ) -> RowPartition:
-        """Partition from ragged shapes known on the host (no synchronization ever needed)."""
+        """Partition from ragged shapes known on the host (no synchronization ever needed).
+
+        No device tensor is made here: the device metadata is copied from the host sizes on
+        first use (one small host-to-device copy per kind of metadata, then cached).
+        """
         host = tuple(tuple(map(int, shape)) for shape in shapes)
-        tensor = torch.tensor(host, dtype=torch.int64).reshape(len(host), num_ragged_dims)
-        return cls(tensor.to(device), host_shapes=host)
+        partition = cls(None, host_shapes=host, device=device)
+        partition._num_ragged_dims = int(num_ragged_dims)
+        return partition
+
+    @classmethod
+    def from_host_lengths(
+        cls, lengths: Sequence[int], device: torch.device, *, max_len: int | None = None
+    ) -> RowPartition:
+        """Partition of a batch with one ragged dim whose lengths are known on the host."""
+        partition = cls.from_host_shapes([(int(n),) for n in lengths], 1, device)
+        if max_len is not None:
+            partition._max_shape = (int(max_len),)
+        return partition
 
     @classmethod
     def from_lengths(
@@ -89,10 +115,18 @@ class RowPartition:
         return cls(lengths.reshape(-1, 1), host_shapes=host, max_shape=max_shape)
 
     @classmethod
-    def from_offsets(cls, offsets: Tensor, *, max_len: int | None = None) -> RowPartition:
-        """Partition of a batch with one ragged dim, from its offsets ``(B + 1,)``."""
-        partition = cls.from_lengths(offsets.diff(), max_len=max_len)
-        partition.__dict__["offsets"] = offsets.to(torch.int64)
+    def from_offsets(
+        cls, offsets: Tensor, *, max_len: int | None = None, total: int | None = None
+    ) -> RowPartition:
+        """Partition of a batch with one ragged dim, from its offsets ``(B + 1,)`` (int32 or
+        int64; kept as given). The lengths are derived on first use."""
+        partition = cls(None, host_shapes=(), device=offsets.device)
+        partition._host_shapes = None
+        partition._batch_size = offsets.shape[0] - 1
+        partition._max_shape = None if max_len is None else (int(max_len),)
+        partition.__dict__["offsets"] = offsets
+        if total is not None:
+            partition.note_total(total)
         return partition
 
     @classmethod
@@ -106,22 +140,34 @@ class RowPartition:
     @property
     def batch_size(self) -> int:
         """Number of samples ``B``."""
-        return self._shapes.shape[0]
+        return self._batch_size
 
     @property
     def num_ragged_dims(self) -> int:
         """Number of ragged dims ``k``."""
-        return self._shapes.shape[1]
+        return self._num_ragged_dims
 
     @property
     def device(self) -> torch.device:
         """Device of the metadata tensors."""
-        return self._shapes.device
+        return self._device
 
     @property
     def shape_per_sample(self) -> Tensor:
-        """``(B, k)`` int64: the ragged shape of every sample."""
+        """``(B, k)`` int64: the ragged shape of every sample (made on first use, then cached:
+        a copy of the host sizes, or a view of :attr:`lengths` for one ragged dim)."""
+        if self._shapes is None:
+            if self.num_ragged_dims == 1:
+                self._shapes = self.lengths.view(-1, 1)
+            else:
+                self._shapes = self._host_tensor(self.host_shapes).view(
+                    self.batch_size, self.num_ragged_dims
+                )
         return self._shapes
+
+    def _host_tensor(self, values: Sequence) -> Tensor:
+        """An int64 device tensor of host values: one host-to-device copy."""
+        return torch.tensor(values, dtype=torch.int64, device=self._device)
 
     @property
     def knows_host_shapes(self) -> bool:
@@ -136,7 +182,7 @@ class RowPartition:
         Synchronizes with the device once when the shapes were only known there.
         """
         if self._host_shapes is None:
-            self._host_shapes = tuple(tuple(row) for row in self._shapes.tolist())
+            self._host_shapes = tuple(tuple(row) for row in self.shape_per_sample.tolist())
         return self._host_shapes
 
     @cached_property
@@ -162,7 +208,7 @@ class RowPartition:
             shapes = self.host_shapes
             dims = range(self.num_ragged_dims)
             return tuple(max((s[d] for s in shapes), default=0) for d in dims)
-        return tuple(self._shapes.amax(0).tolist())
+        return tuple(self.shape_per_sample.amax(0).tolist())
 
     @cached_property
     def total(self) -> int:
@@ -171,26 +217,50 @@ class RowPartition:
             return sum(self.host_lengths)
         return int(self.offsets[-1])
 
+    @property
+    def knows_total(self) -> bool:
+        """Whether :attr:`total` is known on the host (no sync needed to read it)."""
+        return self._host_shapes is not None or "total" in self.__dict__
+
+    @cached_property
+    def host_has_empty(self) -> bool | None:
+        """Whether some sample has no element, when known on the host (None otherwise)."""
+        if self._host_shapes is None:
+            return None
+        return any(n == 0 for n in self.host_lengths)
+
     # -------------------------------------------------------------------- derived, on the device
+    # Each is computed once, with as few device ops as the known sizes allow: host sizes are
+    # copied once; offsets given on the device are differenced, never read back.
     @cached_property
     def lengths(self) -> Tensor:
         """``(B,)`` int64: packed rows per sample, the product of each ragged shape."""
+        if "offsets" in self.__dict__ or (self._shapes is None and self.num_ragged_dims == 1):
+            return self.offsets.diff().to(torch.int64)
         if self.num_ragged_dims == 1:
             return self._shapes[:, 0]
-        return self._shapes.prod(1)
+        return self.shape_per_sample.prod(1)
 
     @cached_property
     def offsets(self) -> Tensor:
-        """``(B + 1,)`` int64: start of every sample in the packed rows, then the total."""
-        offsets = self._shapes.new_zeros(self.batch_size + 1)
+        """``(B + 1,)`` int64 (or the int32 offsets the batch was built from): start of every
+        sample in the packed rows, then the total."""
+        if self._host_shapes is not None:
+            return self._host_tensor(self.host_offsets)
+        offsets = self.lengths.new_empty(self.batch_size + 1)
+        offsets[:1] = 0
         torch.cumsum(self.lengths, 0, out=offsets[1:])
         return offsets
 
     @cached_property
+    def empty_samples(self) -> Tensor:
+        """``(B,)`` bool: which samples have no element."""
+        return self.lengths == 0
+
+    @cached_property
     def row_ids(self) -> Tensor:
         """``(total,)`` int64: the sample every packed row belongs to."""
-        samples = torch.arange(self.batch_size, device=self.device)
-        return torch.repeat_interleave(samples, self.lengths, output_size=self.total)
+        return torch.repeat_interleave(self.lengths, output_size=self.total)
 
     @cached_property
     def positions(self) -> Tensor:
@@ -208,7 +278,7 @@ class RowPartition:
         if self.num_ragged_dims == 1:
             return (self.positions,)
         rest = self.positions
-        shapes = self._shapes[self.row_ids]
+        shapes = self.shape_per_sample[self.row_ids]
         index = []
         for d in range(self.num_ragged_dims - 1, 0, -1):
             size = shapes[:, d].clamp_min(1)
@@ -231,7 +301,7 @@ class RowPartition:
         for d, size in enumerate(padded_shape):
             view = [self.batch_size] + [1] * k
             view[d + 1] = size
-            in_range = torch.arange(size, device=self.device) < self._shapes[:, d, None]
+            in_range = torch.arange(size, device=self.device) < self.shape_per_sample[:, d, None]
             in_range = in_range.view(view)
             mask = in_range if mask is None else mask & in_range
         return mask.expand(self.batch_size, *padded_shape)
@@ -246,8 +316,12 @@ class RowPartition:
         device = torch.device(device)
         if device == self.device:
             return self
+        if self._host_shapes is not None:
+            moved = RowPartition.from_host_shapes(self._host_shapes, self.num_ragged_dims, device)
+            moved._max_shape = self._max_shape
+            return moved
         return RowPartition(
-            self._shapes.to(device), host_shapes=self._host_shapes, max_shape=self._max_shape
+            self.shape_per_sample.to(device), max_shape=self._max_shape
         )
 
     def select(self, index: Tensor) -> RowPartition:
@@ -258,14 +332,21 @@ class RowPartition:
         host = None
         if self._host_shapes is not None and index.device.type == "cpu":
             host = tuple(self._host_shapes[i] for i in index.tolist())
-        return RowPartition(self._shapes[index.to(self.device)], host_shapes=host)
+        if host is not None:
+            return RowPartition.from_host_shapes(host, self.num_ragged_dims, self.device)
+        return RowPartition(self.shape_per_sample[index.to(self.device)])
 
     def __getstate__(self) -> dict:
         # Derived tensors are cheap to recompute; pickling only the source keeps payloads small.
         return {
-            "_shapes": self._shapes,
+            "_shapes": self._shapes if self._host_shapes is None else None,
             "_host_shapes": self._host_shapes,
             "_max_shape": self._max_shape,
+            "_device": self._device,
+            "_batch_size": self._batch_size,
+            "_num_ragged_dims": self._num_ragged_dims,
+            **({"offsets": self.__dict__["offsets"]} if self._shapes is None
+               and self._host_shapes is None else {}),
         }
 
     def __repr__(self) -> str:
