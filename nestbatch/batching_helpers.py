@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from . import kernels
+from ._validation import read_device_values
 from .ragged_batch import RaggedBatch, from_canonical, to_canonical
 
 __all__ = [
@@ -186,8 +187,8 @@ def _check_rest(name: str, operand: _Operand, ref_name: str, ref: _Operand) -> N
 
 class _RangeCheck(NamedTuple):
     indices: Tensor  # (B, M)
-    valid: Tensor  # (B, M) bool
-    bound: Tensor | int
+    sizes: Tensor  # (B,) valid slots per sample
+    bound: Tensor | int  # valid range [-bound, bound), per sample or for all
     name: str
     target: str
 
@@ -200,32 +201,62 @@ def _bound_view(bound: Tensor | int) -> Tensor | int:
     return bound.unsqueeze(1) if isinstance(bound, Tensor) else bound
 
 
-def _out_of_range(check: _RangeCheck) -> Tensor:
+def _resolve_indices(checks: Sequence[_RangeCheck], check_bounds: bool) -> list[Tensor]:
+    """Range-check the index tensors and resolve negative indices.
+
+    With ``check_bounds``: one ``aminmax`` per index tensor (over every slot, padding
+    included), one stack, one read of those few numbers (a sync). When every slot is in range
+    nothing else runs, and negative indices are resolved only if the read saw one. Otherwise
+    the valid slots alone are checked (more reads; padding slots may hold anything), raising
+    ``IndexError`` for the first bad one.
+
+    Without ``check_bounds``: no device work; the indices must be in ``[0, bound)``.
+    """
+    if not check_bounds:
+        return [c.indices for c in checks]
+    live = [c for c in checks if c.indices.numel()]
+    stats: list[Tensor] = []
+    for c in live:
+        stats.extend(torch.aminmax(c.indices))
+        if isinstance(c.bound, Tensor):
+            stats.append(c.bound.amin())
+    values = iter(read_device_values(torch.stack(stats)) if stats else [])
+    negative: set[int] = set()
+    for c in live:
+        low, high = next(values), next(values)
+        bound = next(values) if isinstance(c.bound, Tensor) else c.bound
+        if not (-bound <= low and high < bound):
+            low = _check_valid_slots(c)
+        if low < 0:
+            negative.add(id(c))
+    return [
+        torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices)
+        if id(c) in negative else c.indices
+        for c in checks
+    ]
+
+
+def _check_valid_slots(check: _RangeCheck) -> int:
+    """Raise ``IndexError`` for the first valid slot out of range; else the smallest valid
+    index. Reads the device (the slow path of :func:`_resolve_indices`)."""
+    valid = _slot_validity(check.sizes, check.indices.shape[1])
     bound = _bound_view(check.bound)
-    return check.valid & ((check.indices >= bound) | (check.indices < -bound))
+    bad = valid & ((check.indices >= bound) | (check.indices < -bound))
+    if bool(bad.any()):
+        sample, slot = (int(v) for v in bad.nonzero()[0])
+        size = check.bound[sample].item() if isinstance(check.bound, Tensor) else check.bound
+        raise IndexError(
+            f"{check.name}: index {int(check.indices[sample, slot])} "
+            f"(flattened sample {sample}, slot {slot}) "
+            f"is out of range for {check.target} of size {size}"
+        )
+    return int(torch.where(valid, check.indices, 0).min())
 
 
-def _resolve_indices(checks: Sequence[_RangeCheck]) -> list[Tensor]:
-    """Range-check (one host sync for all) and resolve negative indices."""
-    bad = [_out_of_range(c) for c in checks]
-    flags = torch.stack([b.any() for b in bad]).tolist() if bad else []
-    for check, is_bad, bad_slots in zip(checks, flags, bad):
-        if is_bad:
-            sample, slot = (int(v) for v in bad_slots.nonzero()[0])
-            bound = check.bound[sample].item() if isinstance(check.bound, Tensor) else check.bound
-            raise IndexError(
-                f"{check.name}: index {int(check.indices[sample, slot])} "
-                f"(flattened sample {sample}, slot {slot}) "
-                f"is out of range for {check.target} of size {bound}"
-            )
-    return [torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices) for c in checks]
-
-
-def _index_slots(indices: RaggedBatch) -> tuple[Tensor, Tensor, Tensor]:
-    """Flattened ``(indices (B, M), sizes (B,), valid (B, M))`` of an index batch."""
+def _index_slots(indices: RaggedBatch) -> tuple[Tensor, Tensor]:
+    """Flattened ``(indices (B, M), sizes (B,))`` of an index batch."""
     flat = indices.tensor.reshape(indices.total_num_samples_in_batch, indices.max_sample_size)
-    sizes = indices.sample_sizes.reshape(-1)
-    return flat, sizes, _slot_validity(sizes, flat.shape[1])
+    return flat, indices.sample_sizes.reshape(-1)
 
 
 # ---------------------------------------------------------------------- masks & reductions
@@ -357,10 +388,12 @@ def batched_indexing_access(
     input_indices: RaggedBatch,
     filler_value: float = 0.0,
     dim_to_index_in: int | None = None,
+    *,
+    check_bounds: bool = True,
 ) -> RaggedBatch:
     """Per-sample indexing: ``indexed_vals[i, j] == input_data[i, input_indices[i, j]]``.
 
-    Runs on any device. Range-checks the valid indices (one host sync).
+    Runs on any device. Range-checks the indices (one host sync, see ``check_bounds``).
 
     Parameters
     ----------
@@ -375,6 +408,12 @@ def batched_indexing_access(
         Dim of ``input_data`` to index; defaults to
         ``input_indices.non_uniform_dim``. Must not be a batch dim.
 
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
+
     Returns
     -------
     RaggedBatch
@@ -387,9 +426,9 @@ def batched_indexing_access(
     _check_device("input_data", input_data, "input_indices", indices)
     dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
     data = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
-    flat, sizes, valid = _index_slots(indices)
+    flat, sizes = _index_slots(indices)
     (resolved,) = _resolve_indices(
-        [_RangeCheck(flat, valid, data.bound, "input_indices", "input_data")]
+        [_RangeCheck(flat, sizes, data.bound, "input_indices", "input_data")], check_bounds
     )
     out = kernels.indexing_access(data.canonical, resolved, sizes, filler_value, check_bounds=False)
     tensor = from_canonical(out, indices.batch_shape, data.dim)
@@ -409,10 +448,12 @@ def batched_indexing_write(
     output_indices: RaggedBatch,
     to_write_into: Tensor | RaggedBatch,
     dim_to_index_in: int | None = None,
+    *,
+    check_bounds: bool = True,
 ) -> Tensor | RaggedBatch:
     """Per-sample scatter: ``out[i, output_indices[i, j]] = to_write[i, j]`` for valid ``j``.
 
-    Runs on any device. Range-checks the valid indices (one host sync).
+    Runs on any device. Range-checks the indices (one host sync, see ``check_bounds``).
     Valid indices of a sample must be unique (otherwise an unspecified one of
     the written values wins).
 
@@ -428,6 +469,12 @@ def batched_indexing_write(
     dim_to_index_in : int, optional
         Indexed dim of both data arguments; defaults to
         ``output_indices.non_uniform_dim``.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
 
     Returns
     -------
@@ -445,9 +492,9 @@ def batched_indexing_write(
     into = _operand(to_write_into, "to_write_into", indices.batch_shape, dim, "dim_to_index_in")
     _check_rest("to_write", values, "to_write_into", into)
     _check_write_width("to_write", values, indices.max_sample_size)
-    flat, sizes, valid = _index_slots(indices)
+    flat, sizes = _index_slots(indices)
     (resolved,) = _resolve_indices(
-        [_RangeCheck(flat, valid, into.bound, "output_indices", "to_write_into")]
+        [_RangeCheck(flat, sizes, into.bound, "output_indices", "to_write_into")], check_bounds
     )
     out = kernels.indexing_write(
         values.canonical, resolved, sizes, into.canonical, check_bounds=False
@@ -461,11 +508,13 @@ def batched_inverse_indexing_access(
     output_num_targets: int,
     filler_value: float = 0.0,
     dim_to_index_in: int | None = None,
+    *,
+    check_bounds: bool = True,
 ) -> Tensor:
     """Scatter into a filler tensor: ``output[i, output_indices[i, j]] == input_data[i, j]``.
 
-    Runs on any device. Range-checks the valid indices against
-    ``output_num_targets`` (one host sync). Valid indices of a sample must be
+    Runs on any device. Range-checks the indices against ``output_num_targets`` (one host
+    sync, see ``check_bounds``). Valid indices of a sample must be
     unique.
 
     Parameters
@@ -480,6 +529,12 @@ def batched_inverse_indexing_access(
         Value of all positions not written to. Default 0.
     dim_to_index_in : int, optional
         Indexed dim; defaults to ``output_indices.non_uniform_dim``.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
 
     Returns
     -------
@@ -496,9 +551,10 @@ def batched_inverse_indexing_access(
     dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
     values = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
     _check_write_width("input_data", values, indices.max_sample_size)
-    flat, sizes, valid = _index_slots(indices)
+    flat, sizes = _index_slots(indices)
     (resolved,) = _resolve_indices(
-        [_RangeCheck(flat, valid, output_num_targets, "output_indices", "the output")]
+        [_RangeCheck(flat, sizes, output_num_targets, "output_indices", "the output")],
+        check_bounds,
     )
     out = kernels.inverse_indexing_access(
         values.canonical, resolved, sizes, output_num_targets, filler_value, check_bounds=False
@@ -511,13 +567,15 @@ def batched_index_mapping(
     source_indices: RaggedBatch,
     target_indices: RaggedBatch,
     target_data: Tensor | RaggedBatch,
+    *,
+    check_bounds: bool = True,
 ) -> Tensor | RaggedBatch:
     """Per-sample mapping ``target[i, target_indices[i, j]] = source[i, source_indices[i, j]]``.
 
     Index pair ``j`` is used when it is valid in both index batches. Both data
     arguments are indexed along their non-uniform dim (the dim right after the
-    batch dims for tensors). Runs on any device; range-checks the valid indices
-    (one host sync). Target indices of a sample must be unique; source
+    batch dims for tensors). Runs on any device; range-checks the indices (one host sync, see
+    ``check_bounds``). Target indices of a sample must be unique; source
     indices may repeat (their gradients add up).
 
     Parameters
@@ -531,6 +589,12 @@ def batched_index_mapping(
     target_data : Tensor or RaggedBatch
         ``(*batch_shape, num_entries_output, ...)``; same dtype as
         ``source_data`` and same shape outside the indexed dim.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
 
     Returns
     -------
@@ -558,15 +622,17 @@ def batched_index_mapping(
     target = _operand(target_data, "target_data", batch_shape, None, "non_uniform_dim")
     _check_rest("source_data", source, "target_data", target)
     width = min(src_idx.max_sample_size, tgt_idx.max_sample_size)
-    s_flat, s_sizes, _ = _index_slots(src_idx)
-    t_flat, t_sizes, _ = _index_slots(tgt_idx)
-    sizes = torch.minimum(s_sizes, t_sizes)
-    valid = _slot_validity(sizes, width)
+    s_flat, s_sizes = _index_slots(src_idx)
+    t_flat, t_sizes = _index_slots(tgt_idx)
+    # A pair is valid where both index batches are; one sizes tensor needs no minimum.
+    sizes = s_sizes if src_idx.sample_sizes is tgt_idx.sample_sizes else \
+        torch.minimum(s_sizes, t_sizes)
     s_res, t_res = _resolve_indices(
         [
-            _RangeCheck(s_flat[:, :width], valid, source.bound, "source_indices", "source_data"),
-            _RangeCheck(t_flat[:, :width], valid, target.bound, "target_indices", "target_data"),
-        ]
+            _RangeCheck(s_flat[:, :width], sizes, source.bound, "source_indices", "source_data"),
+            _RangeCheck(t_flat[:, :width], sizes, target.bound, "target_indices", "target_data"),
+        ],
+        check_bounds,
     )
     out = kernels.index_mapping(
         source.canonical, s_res, t_res, sizes, target.canonical, check_bounds=False
@@ -574,11 +640,13 @@ def batched_index_mapping(
     return _wrap_like(target, out, batch_shape)
 
 
-def get_mask_from_indices(mask_num_targets: int, indices: RaggedBatch) -> Tensor:
+def get_mask_from_indices(
+    mask_num_targets: int, indices: RaggedBatch, *, check_bounds: bool = True
+) -> Tensor:
     """Mask with ``mask[i, indices[i, j]] = True`` for the valid ``j``.
 
-    Runs on any device; range-checks the valid indices against
-    ``mask_num_targets`` (one host sync).
+    Runs on any device; range-checks the indices against ``mask_num_targets`` (one host sync,
+    see ``check_bounds``).
 
     Parameters
     ----------
@@ -586,6 +654,12 @@ def get_mask_from_indices(mask_num_targets: int, indices: RaggedBatch) -> Tensor
         Width of the mask.
     indices : RaggedBatch
         ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
 
     Returns
     -------
@@ -595,9 +669,9 @@ def get_mask_from_indices(mask_num_targets: int, indices: RaggedBatch) -> Tensor
     indices = _require_index_batch(indices, "indices")
     if not isinstance(mask_num_targets, int) or mask_num_targets < 0:
         raise ValueError(f"mask_num_targets must be a non-negative int, got {mask_num_targets!r}")
-    flat, sizes, valid = _index_slots(indices)
+    flat, sizes = _index_slots(indices)
     (resolved,) = _resolve_indices(
-        [_RangeCheck(flat, valid, mask_num_targets, "indices", "the mask")]
+        [_RangeCheck(flat, sizes, mask_num_targets, "indices", "the mask")], check_bounds
     )
     mask = kernels.indices_to_mask(resolved, sizes, mask_num_targets, check_bounds=False)
     return mask.reshape(tuple(indices.batch_shape) + (mask_num_targets,))

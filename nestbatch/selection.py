@@ -17,11 +17,14 @@ a feature dim before the ragged dim moves the ragged dim down by one.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from nestbatch._validation import read_device_values
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 
 if TYPE_CHECKING:
@@ -33,7 +36,8 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     index = _expand_ellipsis(index if isinstance(index, tuple) else (index,), batch.dim())
     head, rest = index[0], index[1:]
     if _is_integer(head):
-        return batch.sample(int(head))[rest] if rest else batch.sample(int(head))
+        i = operator.index(head)
+        return batch.sample(i)[rest] if rest else batch.sample(i)
     if batch.ragged_dim != 1:
         return _getitem_moved(batch, head, rest)
     if not (isinstance(head, slice) and head == slice(None)):
@@ -72,12 +76,15 @@ def _getitem_moved(batch: NestedBatch, head: Any, rest: tuple) -> NestedBatch:
 
 
 def _is_integer(entry: Any) -> bool:
+    """Python ints, NumPy integers and 0-d integer tensors (not bools): one sample."""
     if isinstance(entry, bool):
         return False
+    if isinstance(entry, Tensor):
+        return entry.dim() == 0 and not entry.is_floating_point() and not entry.is_complex() \
+            and entry.dtype != torch.bool
     if isinstance(entry, int):
         return True
-    return isinstance(entry, Tensor) and entry.dim() == 0 and not entry.is_floating_point() \
-        and entry.dtype != torch.bool
+    return type(entry).__module__ == "numpy" and hasattr(entry, "__index__")
 
 
 def _expand_ellipsis(index: tuple, ndim: int) -> tuple:
@@ -91,8 +98,9 @@ def _expand_ellipsis(index: tuple, ndim: int) -> tuple:
 def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
     """Normalize a batch selector to a 1-d int64 tensor of in-range sample indices.
 
-    Accepts slices, sequences of ints or bools, and int or bool tensors. A bool tensor on a
-    device, or an int tensor on a device that must be range-checked, is read once (a sync).
+    Accepts slices, sequences of ints or bools, and int or bool tensors. Host selectors are
+    checked on the host. A bool tensor on a device is read once (its count sizes the result),
+    and so is an int tensor on a device (its smallest and largest entry, for the range check).
 
     Raises
     ------
@@ -102,7 +110,7 @@ def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
     if isinstance(index, slice):
         return torch.arange(batch_size)[index]
     if not isinstance(index, Tensor):
-        index = torch.as_tensor(index)
+        index = _host_index(index)
     if index.dtype == torch.bool:
         if index.shape != (batch_size,):
             raise IndexError(
@@ -112,15 +120,46 @@ def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
     if index.is_floating_point() or index.is_complex():
         raise TypeError(f"batch index must be integer or bool, got {index.dtype}")
     index = index.reshape(-1).to(torch.int64)
-    if index.numel() and bool(((index < -batch_size) | (index >= batch_size)).any()):
-        raise IndexError(f"batch index out of range for batch size {batch_size}")
-    return torch.where(index < 0, index + batch_size, index)
+    if index.device.type == "cpu":
+        bad = [i for i in index.tolist() if not -batch_size <= i < batch_size]
+        if bad:
+            raise IndexError(
+                f"batch index {bad[0]} is out of range for batch size {batch_size}"
+            )
+        return torch.where(index < 0, index + batch_size, index)
+    if index.numel() == 0:
+        return index
+    smallest, largest = read_device_values(torch.stack(torch.aminmax(index)))
+    if smallest < -batch_size or largest >= batch_size:
+        bad = smallest if smallest < -batch_size else largest
+        raise IndexError(f"batch index {bad} is out of range for batch size {batch_size}")
+    return index.remainder(batch_size) if smallest < 0 else index
+
+
+def _host_index(index: Any) -> Tensor:
+    if isinstance(index, (str, bytes)) or index is None:
+        raise TypeError(
+            f"a batch index must be an int, a slice, a sequence of ints or bools, or a tensor; "
+            f"got {type(index).__name__}"
+        )
+    try:
+        tensor = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"a batch index must be an int, a slice, a sequence of ints or bools, or a tensor; "
+            f"got {index!r}"
+        ) from error
+    if tensor.numel() == 0:
+        return tensor.to(torch.int64).reshape(0)
+    return tensor
 
 
 def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
     """A batch of the samples ``index`` (1-d int64, in range), in that order.
 
-    Uses the cheapest materialized layout: list entries, padded rows, or a gather of packed rows.
+    Uses the cheapest materialized layout: list entries, padded rows, or a gather of packed
+    rows. With a host index and host sizes, the rows to gather are computed on the host and the
+    device sees one copy of them and one ``index_select``.
     """
     from nestbatch.batch import NestedBatch
 
@@ -139,13 +178,36 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
             )
         )
     padded = next((layout for key, layout in cache.items() if isinstance(key, tuple)), None)
+    if padded is None and not partition.knows_host_shapes:
+        padded = batch.padded(None)  # a device index: gather whole padded rows, no size read
     if padded is not None:
-        data = padded.data[index.to(padded.data.device)]
+        data = padded.data.index_select(0, index.to(padded.data.device))
         return NestedBatch(Padded(data, partition=partition, padding_value=padded.padding_value))
-    packed = batch.packed()
-    old_starts = packed.offsets[index.to(packed.values.device)]
-    source_rows = old_starts[partition.row_ids] + partition.positions
-    return NestedBatch(Packed(packed.values[source_rows], partition=partition))
+    old = batch.partition
+    starts = [old.host_offsets[i] for i in index.tolist()]
+    rows = host_row_index(starts, partition.host_lengths)
+    return NestedBatch(Packed(gather_rows(batch.packed().values, rows), partition=partition))
+
+
+def host_row_index(starts: list[int], lengths: tuple[int, ...] | list[int],
+                   step: int = 1) -> Tensor:
+    """``(sum(lengths),)`` int64 on the host: ``starts[b] + j * step`` for ``j < lengths[b]``,
+    samples back to back. Computed with host tensor ops (no per-row Python work)."""
+    total = sum(lengths)
+    counts = torch.tensor(lengths, dtype=torch.int64)
+    first = [0, *itertools.accumulate(lengths)][:-1]
+    shift = torch.tensor([s - f * step for s, f in zip(starts, first)], dtype=torch.int64)
+    rows = torch.arange(0, total * step, step, dtype=torch.int64) if step != 1 else \
+        torch.arange(total, dtype=torch.int64)
+    return rows.add_(shift.repeat_interleave(counts, output_size=total))
+
+
+def gather_rows(values: Tensor, rows: Tensor) -> Tensor:
+    """``values[rows]`` for a host row index: one host-to-device copy of the index (when the
+    values live on a device) and one ``index_select``."""
+    if values.device.type != "cpu":
+        rows = torch.ops.aten._to_copy.default(rows, device=values.device)
+    return values.index_select(0, rows)
 
 
 def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
@@ -153,10 +215,17 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
 
     Slice bounds are resolved per sample against that sample's size, as Python does for a
     list: negative bounds count from the sample's end, and bounds are clipped.
+
+    Costs, one ragged dim: with host sizes, the rows are found on the host and gathered with one
+    copy of their index and one ``index_select`` (a prefix of a cached padded layout is a view);
+    with device sizes, a prefix ``x[:, :k]`` is one padding kernel (the result is padded), and
+    other slices read the sizes once.
     """
     from nestbatch.batch import NestedBatch
 
     partition = batch.partition
+    if batch.num_ragged_dims == 1 and (partition.knows_host_shapes or _is_prefix_slice(slices)):
+        return NestedBatch(_slice_one_ragged_dim(batch, slices[0]))
     sizes = (
         torch.tensor(partition.host_shapes, dtype=torch.int64).reshape(-1, len(slices))
         if partition.knows_host_shapes
@@ -180,6 +249,47 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
         flat = flat * shapes[:, d] + starts[:, d] + position * step
     source_rows = partition.offsets[rows] + flat
     return NestedBatch(Packed(packed.values[source_rows], partition=new_partition))
+
+
+def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
+    partition = batch.partition
+    step = 1 if s.step is None else _slice_bound(s.step, "step")
+    if step <= 0:
+        raise ValueError(f"slice step on ragged dim 1 must be positive, got {step}")
+    padded = next((lay for key, lay in batch._cache.items() if isinstance(key, tuple)), None)
+    if not partition.knows_host_shapes:
+        # A prefix of device-known sizes: the padding kernel cuts every sample at the stop.
+        stop = partition.max_shape[0] if s.stop is None and partition._max_shape else s.stop
+        width = _slice_bound(stop, "stop")
+        lengths = partition.lengths.clamp(max=width)
+        new = RowPartition.from_lengths(lengths, max_len=None)
+        if padded is not None:
+            return _narrow_padded(padded, new, (slice(None, width),))
+        data = batch.padded(0.0, max_shape=None).data if s.stop is None else \
+            _pad_to_width(batch, width)
+        return Padded(data, partition=new, padding_value=0.0)
+    bounds = [s.indices(n) for n in partition.host_lengths]
+    lengths = [len(range(*b)) for b in bounds]
+    new = RowPartition.from_host_lengths(lengths, partition.device)
+    if padded is not None and _is_prefix_slice((s,)):
+        return _narrow_padded(padded, new, (s,))
+    starts = [o + b[0] for o, b in zip(partition.host_offsets, bounds)]
+    rows = host_row_index(starts, lengths, step)
+    return Packed(gather_rows(batch.packed().values, rows), partition=new)
+
+
+def _pad_to_width(batch: NestedBatch, width: int) -> Tensor:
+    from nestbatch.convert.packed_padded import packed_values_to_padded
+
+    packed = batch.packed()
+    return packed_values_to_padded(packed.values, packed.partition, (width,), 0.0)
+
+
+def _slice_bound(value: Any, name: str) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"slice {name} must be an int, got {type(value).__name__}") from None
 
 
 def _resolve_slices(

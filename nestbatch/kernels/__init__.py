@@ -137,9 +137,14 @@ def _index_args(data: Tensor, indices: object, sizes: object) -> tuple[Tensor, T
 def _check_bounds(name: str, indices: Tensor, sizes: Tensor, bound: int) -> None:
     """Raise ``IndexError`` if a valid slot of ``indices`` is outside ``[0, bound)``.
 
-    Reads one flag from the device (a synchronization) when the tensors live there.
+    One ``aminmax`` over every slot and one read of its two numbers (a synchronization when
+    the tensors live on a device). Only when a slot, possibly a padding one, is out of range are
+    the valid slots checked alone (more reads, to name the bad slot).
     """
     if indices.numel() == 0:
+        return
+    low, high = torch.stack(torch.aminmax(indices)).cpu().tolist()
+    if 0 <= low and high < bound:
         return
     valid = torch.arange(indices.shape[1], device=indices.device) < sizes.unsqueeze(1)
     bad = valid & ((indices < 0) | (indices >= bound))
@@ -157,7 +162,7 @@ def _max_count(mask: Tensor, max_count: int | None) -> int:
     if mask.shape[0] == 0:
         return 0
     # The output width is data dependent: one read of the device.
-    return int(mask.sum(dim=1).max())
+    return int(mask.sum(dim=1).amax().cpu())
 
 
 def _mask(mask: object, rows: int | None = None, width: int | None = None) -> Tensor:

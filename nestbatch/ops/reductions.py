@@ -304,8 +304,11 @@ def softmax(layout: Layout, batch: NestedBatch, dim: int, *, log: bool = False,
     Returns
     -------
     NestedBatch
-        Same structure. Over the ragged dim: packed segment softmax when ``k == 1`` and the
-        batch is not padded-only, masked softmax on padded data otherwise.
+        Same structure. Over the ragged dim, where the padding is cheap (at most
+        :data:`SOFTMAX_PADDING_RATIO` padded slots per element, sizes known on the host) or the
+        batch is stored padded: ``torch.softmax`` of the data padded with ``-inf`` (one
+        conversion kernel, one softmax; the result stays padded). Otherwise a segment softmax on
+        the packed rows (two segment reductions, two row gathers and three elementwise ops).
     """
     kind, stored = storage_dim(batch, dim)
     fn = F.log_softmax if log else F.softmax
@@ -313,17 +316,51 @@ def softmax(layout: Layout, batch: NestedBatch, dim: int, *, log: bool = False,
         raise ValueError("softmax over dim 0 (the batch) is not supported on a NestedBatch")
     if kind == "feature":
         return batch.with_values(fn(batch.values, stored, dtype=dtype))
-    if layout is Layout.PACKED and batch.num_ragged_dims == 1:
+    if batch.num_ragged_dims == 1 and layout is Layout.PACKED and not _pads_cheaply(batch):
         values = batch.values if dtype is None else batch.values.to(dtype)
         return batch.with_values(_segment_softmax(batch, values, log))
-    padded = batch.padded(None)
+    padded = batch.padded(float("-inf")) if batch.dtype.is_floating_point else batch.padded(None)
     data = padded.data if dtype is None else padded.data.to(dtype)
-    filled = data.masked_fill(~_expand_to(padded.mask, data), float("-inf"))
-    return wrap_padded(fn(filled, stored), padded.partition, batch.ragged_dim)
+    if padded.padding_value != float("-inf"):
+        data = data.masked_fill(~_expand_to(padded.mask, data), float("-inf"))
+    out = fn(data, stored)
+    # Padded slots of a non-empty sample come out as exp(-inf) = 0 (log: -inf).
+    filler = None if padded.partition.host_has_empty is not False else (
+        float("-inf") if log else 0.0)
+    return _wrap_padded_with(out, padded.partition, batch.ragged_dim, filler)
+
+
+#: Padded softmax runs when the padded data has at most this many slots per element: it makes
+#: two passes over the padded slots where the segment softmax makes about seven over the rows.
+SOFTMAX_PADDING_RATIO = 3
+
+
+def _pads_cheaply(batch: NestedBatch) -> bool:
+    partition = batch.partition
+    if not (partition.knows_host_shapes or partition._max_shape is not None):
+        return False  # the padded width would have to be read from the device
+    if not partition.knows_total:
+        return False
+    slots = partition.batch_size * partition.max_shape[0]
+    return slots <= SOFTMAX_PADDING_RATIO * max(partition.total, 1)
+
+
+def _wrap_padded_with(data: Tensor, partition: Any, ragged_dim: int, filler: Any) -> NestedBatch:
+    from nestbatch.batch import NestedBatch
+    from nestbatch.layouts import Padded
+
+    return NestedBatch(Padded(data, partition=partition, padding_value=filler), ragged_dim)
 
 
 def _segment_softmax(batch: NestedBatch, values: Tensor, log: bool) -> Tensor:
-    shift = _safe_shift(segment_reduce(values.detach(), batch, "amax"), batch)[batch.row_ids]
-    shifted = values - shift
-    total = segment_reduce(shifted.exp(), batch, "sum")[batch.row_ids]
-    return shifted - total.log() if log else shifted.exp() / total
+    if not values.is_floating_point():
+        raise RuntimeError(f"softmax is not defined for {values.dtype}; convert to a float dtype")
+    offsets, rows = batch.offsets, batch.row_ids
+    # Samples whose rows are all -inf give nan, as torch.softmax does; empty samples have no rows.
+    peak = torch.segment_reduce(values.detach(), "max", offsets=offsets, axis=0, unsafe=True)
+    shifted = values - peak.index_select(0, rows)
+    exp = shifted.exp()
+    total = torch.segment_reduce(exp, "sum", offsets=offsets, axis=0, unsafe=True)
+    if log:
+        return shifted - total.log().index_select(0, rows)
+    return exp / total.index_select(0, rows)

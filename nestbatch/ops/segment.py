@@ -18,6 +18,7 @@ dtype's lowest finite value and ``amin`` its highest (TF's ``unsorted_segment_ma
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from nestbatch.ops.common import fill_value_for
 
 if TYPE_CHECKING:
     from nestbatch.batch import NestedBatch
+    from nestbatch.layouts import RowPartition
 
 REDUCTIONS = ("sum", "mean", "amax", "amin", "prod")
 _BACKENDS = ("auto", "torch", "scatter")
@@ -35,8 +37,9 @@ _state = {"backend": "auto"}
 _EMPTY = {"sum": 0, "prod": 1, "mean": float("nan")}
 
 
+@functools.cache
 def scatter_available() -> bool:
-    """Whether ``torch_scatter`` can be imported."""
+    """Whether ``torch_scatter`` can be imported (looked up once per process)."""
     return importlib.util.find_spec("torch_scatter") is not None
 
 
@@ -94,11 +97,14 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
         backend = "scatter" if _scatter_is_faster(values, batch, reduce) else "torch"
     if backend == "scatter" and reduce != "prod" and values.is_floating_point():
         out = _scatter_csr(values, batch.offsets, reduce)
-    elif values.is_floating_point() and values.dtype in (torch.float32, torch.float64):
+    elif values.is_floating_point():
+        # segment_reduce gives TF's empty results itself for sum, mean and prod.
         out = _torch_segment(values, batch.offsets, reduce)
+        if reduce in ("sum", "mean", "prod"):
+            return out
     else:
         out = _scatter_rows(values, batch, reduce)
-    return _fill_empty(out, batch.lengths, reduce)
+    return _fill_empty(out, batch.partition, reduce)
 
 
 def _scatter_is_faster(values: Tensor, batch: NestedBatch, reduce: str) -> bool:
@@ -130,7 +136,7 @@ def _scatter_csr(values: Tensor, offsets: Tensor, reduce: str) -> Tensor:
 
 
 def _scatter_rows(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
-    # Dtypes segment_reduce lacks (integers, bool, half precision): scatter by row id.
+    # Dtypes segment_reduce lacks (integers, bool, complex): scatter by row id.
     shape = (batch.batch_size, *values.shape[1:])
     index = batch.row_ids.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
     if reduce == "sum":
@@ -139,10 +145,17 @@ def _scatter_rows(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     return out.scatter_reduce(0, index, values, reduce, include_self=False)
 
 
-def _fill_empty(out: Tensor, lengths: Tensor, reduce: str) -> Tensor:
+def _fill_empty(out: Tensor, partition: RowPartition, reduce: str) -> Tensor:
+    """Write the empty-sample result into the rows of samples with no element.
+
+    Free when the host knows that no sample is empty; otherwise one ``masked_fill`` with the
+    partition's cached empty-sample mask.
+    """
+    if partition.host_has_empty is False:
+        return out
     if reduce in _EMPTY:
         fill = _EMPTY[reduce]
     else:
         fill = fill_value_for(out.dtype, "lowest" if reduce == "amax" else "highest")
-    empty = (lengths == 0).view(-1, *([1] * (out.dim() - 1)))
-    return torch.where(empty, torch.as_tensor(fill, dtype=out.dtype, device=out.device), out)
+    empty = partition.empty_samples.view(-1, *([1] * (out.dim() - 1)))
+    return out.masked_fill(empty, fill)
