@@ -6,25 +6,30 @@ are fake CUDA tensors (shapes, dtypes and devices, no data); :func:`trace` runs 
 it with a ``TorchDispatchMode`` on top that sees every aten and ``nestbatch::`` op the call
 dispatches and records:
 
-* ``ops``: the ops that launch work on the device (views, allocations and metadata queries do
-  not; a ``nestbatch::`` operator counts once). Checked against the torch profiler on an H100,
-  this count equals the kernel launches of the same call (see ``shared/gpu/README.md``);
+* ``ops``: the ops that launch work on the device: an op with a CUDA input or a CUDA
+  ``device=`` (views, allocations, metadata queries and ops on host tensors do not count; a
+  ``nestbatch::`` operator counts once). Checked against the torch profiler on an H100, this
+  count equals the kernel launches of the same calls (see ``shared/gpu/README.md``);
 * ``syncs``: ops whose result the host must wait for (``_local_scalar_dense`` behind ``.item()``
-  and ``bool(t)``, ``nonzero``, ``masked_select``, ``equal``, ``repeat_interleave`` without
-  ``output_size``, copies from the device to the host, ...);
-* ``host_to_device``: copies of host data to the device (each is also an op; pageable copies are
-  what makes a call impossible to capture in a CUDA graph).
+  and ``bool(t)``, ``nonzero``, ``masked_select``, ``equal``, indexing with a bool mask,
+  ``repeat_interleave`` without ``output_size``, copies from the device to the host, ...);
+* ``host_to_device``: copies of host data to the device (each is also an op; a pageable copy
+  inside a call is what keeps it out of a CUDA graph).
 
-A sync fails the call with :class:`HostSyncError` unless ``allow_syncs=True``; then reads are
-answered ``True`` for a bool flag and 0 for a number (nestbatch's device checks pass with those
-answers), and an op with a data-dependent output shape still raises. Values of host tensors read
-back after a device-to-host copy are answered the same way and are not syncs themselves. ``torch.cuda.*`` calls on the path raise
-:class:`CudaRuntimeCall`, and so do the Python-level ops that need a real CUDA device guard
-(``.item()``, ``.tolist()``, ``.nonzero()``, ``Tensor.to(cuda)``, ``copy_``). Python indexing
-(``t[...]``) needs such a guard too; the harness routes it to the aten ops C++ indexing
-dispatches (``slice``, ``select``, ``index``), so library code indexes as usual. Advanced
-indexing with a tensor writes back through ``index_put_`` on a real GPU; under the harness
-``t[index] = v`` of a view becomes ``copy_`` / ``fill_`` (same count).
+A sync fails the call with :class:`HostSyncError` unless ``allow_syncs=True``. Then each read
+is counted and answered: ``True`` for a bool flag, 0 for a number (nestbatch writes its device
+checks so that these answers pass), while an op whose output shape depends on data still
+raises. Host tensors read after a device-to-host copy are answered the same way, not counted
+again.
+
+``torch.cuda.*`` calls made by nestbatch raise :class:`CudaRuntimeCall` (FakeTensorMode's own
+calls pass). A few Python-level tensor methods need a real CUDA device guard on a CUDA tensor;
+the harness routes them to the aten ops they dispatch on a GPU: indexing (``slice``,
+``select``, ``index``; ``t[i] = v`` of a view becomes ``copy_`` / ``fill_``, same count),
+``Tensor.to`` (``_to_copy``), ``contiguous`` (``clone``), ``copy_``, ``item``
+(``_local_scalar_dense``) and ``tolist`` (a device-to-host copy), so library code is written
+as usual and a read shows up as a sync. Anything else that needs the guard raises
+:class:`CudaRuntimeCall`.
 
 Autograd does not run on fake CUDA tensors with a CPU-only PyTorch (the engine aborts the
 process), so keep ``requires_grad`` off under the harness and call backward functions directly.
@@ -205,7 +210,7 @@ def _copy_direction(func, args: tuple, kwargs: dict) -> str | None:
 def fake_cuda() -> Iterator[FakeTensorMode]:
     """A ``FakeTensorMode`` in which ``device="cuda"`` tensors can be made on a CPU-only torch."""
     mode = FakeTensorMode()
-    with mode, _no_cuda_runtime(), _indexing_without_device_guard():
+    with mode, _no_cuda_runtime(), _without_device_guard():
         yield mode
 
 
@@ -247,7 +252,7 @@ def _basic_getitem(tensor: torch.Tensor, index: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _indexing_without_device_guard() -> Iterator[None]:
+def _without_device_guard() -> Iterator[None]:
     getitem, setitem = torch.Tensor.__getitem__, torch.Tensor.__setitem__
 
     def fake_getitem(self, index):
@@ -264,8 +269,44 @@ def _indexing_without_device_guard() -> Iterator[None]:
         else:
             aten.fill_.Scalar(target, value)
 
-    with mock.patch.object(torch.Tensor, "__getitem__", fake_getitem), \
-            mock.patch.object(torch.Tensor, "__setitem__", fake_setitem):
+    def fake_to(self, *args, **kwargs):
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        device = self.device if device is None else torch.device(device)
+        dtype = self.dtype if dtype is None else dtype
+        if not (_on_fake_cuda(self) or device.type == "cuda"):
+            return to(self, *args, **kwargs)
+        if device == self.device and dtype == self.dtype and not kwargs.get("copy"):
+            return self
+        return aten._to_copy.default(self, dtype=dtype, device=device, non_blocking=non_blocking)
+
+    def fake_contiguous(self, memory_format=torch.contiguous_format):
+        if not _on_fake_cuda(self):
+            return contiguous(self, memory_format=memory_format)
+        if self.is_contiguous(memory_format=memory_format):
+            return self
+        return aten.clone.default(self, memory_format=memory_format)
+
+    def fake_item(self):
+        return aten._local_scalar_dense.default(self) if _on_fake_cuda(self) else item(self)
+
+    def fake_tolist(self):
+        return tolist(self.cpu()) if _on_fake_cuda(self) else tolist(self)
+
+    def fake_copy_(self, src, non_blocking=False):
+        if not (_on_fake_cuda(self) or _on_fake_cuda(src)):
+            return copy_(self, src, non_blocking)
+        return aten.copy_.default(self, src, non_blocking)
+
+    to, contiguous, item = torch.Tensor.to, torch.Tensor.contiguous, torch.Tensor.item
+    tolist, copy_ = torch.Tensor.tolist, torch.Tensor.copy_
+    patches = {
+        "__getitem__": fake_getitem, "__setitem__": fake_setitem, "to": fake_to,
+        "contiguous": fake_contiguous, "item": fake_item, "tolist": fake_tolist,
+        "copy_": fake_copy_,
+    }
+    with contextlib.ExitStack() as stack:
+        for name, method in patches.items():
+            stack.enter_context(mock.patch.object(torch.Tensor, name, method))
         yield
 
 

@@ -39,7 +39,6 @@ from nestbatch.ops.common import (
     storage_dim,
     torch_funcs,
     values_dim,
-    wrap_padded,
 )
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import segment_reduce
