@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .batched_indexing import fill_padding
+from .kernels.reference import fill_padding
 
 if TYPE_CHECKING:
     from .batch import NestedBatch

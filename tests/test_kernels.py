@@ -9,7 +9,7 @@ import torch
 from nestbatch import batched_indexing as bi
 from nestbatch import kernels
 from nestbatch.convert import packed_padded
-from nestbatch.kernels import operators
+from nestbatch.kernels import operators, reference
 from nestbatch.layouts import RowPartition
 
 ops = torch.ops.nestbatch
@@ -348,10 +348,12 @@ def test_compile_wrappers_fullgraph():
 def test_cpu_block_copy_path_matches_gather(dtype):
     # Large samples take the whole-sample block-copy path on the CPU; it must equal the gather.
     values, offsets, max_len = ragged_case(15, batch=3, feature=(4096,), dtype=dtype)
-    partition = RowPartition.from_offsets(offsets, max_len=max_len)
-    assert packed_padded._block_copies_pay_off(values, partition)
+    assert reference._blocks_pay_off(values, offsets)
+    bounds = offsets.tolist()
     for length in (max_len, max_len + 2):
         padded = ops.packed_to_padded(values, offsets, length, 1)
-        gathered = packed_padded._pad_by_gather(values, partition, (length,), 1)
-        assert torch.equal(padded, gathered)
+        expected = values.new_full((3, length, 4096), 1)
+        for b, (start, stop) in enumerate(zip(bounds, bounds[1:])):
+            expected[b, : stop - start] = values[start:stop]
+        assert torch.equal(padded, expected)
         assert torch.equal(ops.padded_to_packed(padded, offsets, values.shape[0]), values)

@@ -5,9 +5,10 @@ Both directions are one vectorized indexing op over the packed rows: every row k
 :class:`~nestbatch.layouts.RowPartition`. Both are differentiable: the gradient of packing is a
 scatter, the gradient of padding a gather, and padded slots get zero gradient.
 
-With one ragged dim (``k == 1``) the public functions call the ``nestbatch::*`` operators of
-:mod:`nestbatch.kernels` (a CUDA kernel on CUDA tensors, the ``reference_*`` functions below
-elsewhere); ``k > 1`` always runs the ``reference_*`` indexing path.
+With one ragged dim (``k == 1``) the public functions call the ``nestbatch::*`` operators
+through :func:`nestbatch.kernels.call` on the partition's cached offsets (a CUDA kernel on CUDA
+tensors, the CPU implementation on host tensors); ``k > 1`` always runs the ``reference_*``
+indexing path.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 
+from nestbatch import kernels
+from nestbatch.kernels import reference
 from nestbatch.layouts import Packed, Padded, RowPartition
 
 
@@ -59,7 +61,8 @@ def packed_values_to_padded(
     """Lay packed rows out in a padded tensor.
 
     With one ragged dim this runs the ``nestbatch::packed_to_padded`` operator (a CUDA kernel on
-    CUDA tensors), otherwise :func:`reference_packed_values_to_padded`.
+    CUDA tensors) on the partition's cached offsets, otherwise
+    :func:`reference_packed_values_to_padded`.
 
     Parameters
     ----------
@@ -78,10 +81,8 @@ def packed_values_to_padded(
         ``(B, *padded_shape, *feature)``.
     """
     if partition.num_ragged_dims == 1:
-        from nestbatch import kernels
-
-        return kernels.packed_to_padded(
-            values, partition.offsets, int(padded_shape[0]), padding_value
+        return kernels.call(
+            "packed_to_padded", values, partition.offsets, padded_shape[0], padding_value
         )
     return reference_packed_values_to_padded(values, partition, padded_shape, padding_value)
 
@@ -92,18 +93,14 @@ def reference_packed_values_to_padded(
     """:func:`packed_values_to_padded` in pure PyTorch, for any ``k`` (same arguments).
 
     Padded slots are computed as a gather (each slot reads its source row or is filled), so every
-    output element is written once; a scatter into a pre-filled tensor writes it twice and is
-    several times slower on the CPU. Large samples on the CPU are copied as whole blocks.
+    output element is written once. One ragged dim runs
+    :func:`nestbatch.kernels.reference.packed_to_padded`.
     """
     padded_shape = tuple(padded_shape)
-    if _block_copies_pay_off(values, partition):
-        return _pad_blocks(values, partition, padded_shape[0], padding_value)
-    return _pad_by_gather(values, partition, padded_shape, padding_value)
-
-
-def _pad_by_gather(
-    values: Tensor, partition: RowPartition, padded_shape: tuple[int, ...], padding_value: float
-) -> Tensor:
+    if partition.num_ragged_dims == 1:
+        return reference.packed_to_padded(
+            values, partition.offsets, padded_shape[0], padding_value
+        )
     shape = (partition.batch_size, *padded_shape, *values.shape[1:])
     if values.shape[0] == 0 or math.prod(shape) == 0:
         # Nothing to read; adding ``values.sum() * 0`` keeps the autograd link to ``values``.
@@ -114,41 +111,6 @@ def _pad_by_gather(
     out = rows.view(shape)
     trailing = (1,) * (values.dim() - 1)
     return out.masked_fill(~inside.view(*inside.shape, *trailing), padding_value)
-
-
-def _block_copies_pay_off(rows: Tensor, partition: RowPartition) -> bool:
-    """Whether whole-sample block copies beat the slot-by-slot gather when padding.
-
-    On the CPU a sample's rows are one contiguous block in both layouts, so copying blocks runs
-    at memory bandwidth while the gather computes and streams an index per padded slot; blocks
-    win once samples average 512 elements (measured on 2 cores: 2x at 775, 6x at 25k, while
-    the gather wins 5x at 100). Host sizes are free on the CPU.
-    """
-    batch = partition.batch_size
-    return (
-        rows.device.type == "cpu"
-        and partition.device.type == "cpu"
-        and partition.num_ragged_dims == 1
-        and batch > 0
-        and rows.numel() >= 512 * batch
-        and not torch.compiler.is_compiling()
-    )
-
-
-def _pad_blocks(
-    values: Tensor, partition: RowPartition, max_len: int, padding_value: float
-) -> Tensor:
-    # pad_sequence copies the blocks in one C++ loop; extra length (kaolin's max_shape) is
-    # padded on after, and samples longer than max_len are cut (the operators' contract).
-    lengths = partition.host_lengths
-    blocks = values.split(list(lengths))
-    if max(lengths) > max_len:
-        blocks = [block[:max_len] for block in blocks]
-    out = pad_sequence(blocks, batch_first=True, padding_value=padding_value)
-    if out.shape[1] < max_len:
-        tail = out.new_full((out.shape[0], max_len - out.shape[1], *out.shape[2:]), padding_value)
-        out = torch.cat([out, tail], 1)
-    return out
 
 
 def padded_slot_sources(
@@ -196,9 +158,7 @@ def padded_data_to_packed(data: Tensor, partition: RowPartition) -> Tensor:
         ``(total, *feature)``, rows in sample order.
     """
     if partition.num_ragged_dims == 1:
-        from nestbatch import kernels
-
-        return kernels.padded_to_packed(data, partition.offsets, partition.total)
+        return kernels.call("padded_to_packed", data, partition.offsets, partition.total)
     return reference_padded_data_to_packed(data, partition)
 
 
@@ -229,13 +189,13 @@ def packed_to_padded(
     """
     shape = resolve_padded_shape(packed.partition, max_shape)
     data = packed_values_to_padded(packed.values, packed.partition, shape, padding_value)
-    return Padded(data, partition=packed.partition, padding_value=padding_value)
+    return Padded.trusted(data, packed.partition, padding_value)
 
 
 def padded_to_packed(padded: Padded) -> Packed:
     """Convert a :class:`Padded` batch to a :class:`Packed` one (sharing its partition)."""
     values = padded_data_to_packed(padded.data, padded.partition)
-    return Packed(values, partition=padded.partition)
+    return Packed.trusted(values, padded.partition)
 
 
 def refill_padding(padded: Padded, padding_value: float) -> Padded:
@@ -243,10 +203,8 @@ def refill_padding(padded: Padded, padding_value: float) -> Padded:
     if padded.padding_value == padding_value:
         return padded
     if padded.partition.num_ragged_dims == 1:
-        from nestbatch import kernels
-
-        data = kernels.fill_padding(padded.data, padded.partition.lengths, padding_value)
+        data = kernels.call("fill_padding", padded.data, padded.partition.lengths, padding_value)
     else:
         mask = padded.mask.reshape(*padded.mask.shape, *([1] * len(padded.feature_shape)))
         data = padded.data.masked_fill(~mask, padding_value)
-    return Padded(data, partition=padded.partition, padding_value=padding_value)
+    return Padded.trusted(data, padded.partition, padding_value)

@@ -22,6 +22,7 @@ import operator
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from nestbatch.kernels import cpu as _cpu
 from nestbatch.kernels import operators as _operators  # registers nestbatch::*
@@ -29,6 +30,7 @@ from nestbatch.kernels.extension import extension_status, load_extension
 
 __all__ = [
     "bool_compaction",
+    "call",
     "extension_status",
     "fill_padding",
     "index_mapping",
@@ -45,17 +47,25 @@ __all__ = [
 _ops = torch.ops.nestbatch
 
 
-def _run(name: str, *args: object) -> object:
-    """Run operator ``nestbatch::<name>``.
+def call(name: str, *args: object) -> object:
+    """Run operator ``nestbatch::<name>`` on arguments the caller has already validated.
 
-    CUDA tensors, and graphs that ``torch.compile`` traces, go through the operator (compiled
-    kernel, fake kernel, autograd formula). Elsewhere the operator would only run its CPU
-    implementation, so that is called directly: the same computation, differentiated by
-    PyTorch's autograd, without the custom-op dispatch (about 50 us a call).
+    The one road from nestbatch's layouts to the operators: no argument checks (the public
+    functions of this module make them), no device reads. CUDA tensors, fake tensors and
+    graphs that ``torch.compile`` traces go through the operator (compiled kernel, fake kernel,
+    autograd formula). Host tensors would only run its CPU implementation, so that is called
+    directly: the same computation, differentiated by PyTorch's autograd, without the
+    custom-op dispatch (about 50 us a call).
     """
-    if args[0].device.type == "cuda" or torch.compiler.is_compiling():
-        return getattr(_ops, name)(*args)
-    return _operators.CPU_IMPLEMENTATIONS[name](*args)
+    if args[0].device.type == "cpu" and not (
+        torch.compiler.is_compiling() or isinstance(args[0], FakeTensor)
+    ):
+        return _CPU[name](*args)
+    return getattr(_ops, name)(*args)
+
+
+_run = call
+_CPU = _operators.CPU_IMPLEMENTATIONS
 
 
 # ---------------------------------------------------------------------------------- validation

@@ -51,6 +51,28 @@ BLOCK_ROWS = 1024
 SMALL_BLOCK_ELEMENTS = 512
 
 
+#: Dtypes aten's jagged <-> padded CPU kernels cover (all but complex and the rarer unsigned).
+_ATEN_JAGGED_DTYPES = frozenset({
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+})
+
+
+def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> bool:
+    """Whether aten's FBGEMM-derived jagged kernels may compute a small CPU conversion.
+
+    They have no autograd formula (so only for calls autograd does not record) and take the
+    filler as a double (so only fillers a double holds exactly).
+    """
+    return (
+        data.dtype in _ATEN_JAGGED_DTYPES
+        and data.dim() >= 1
+        and offsets.dtype in (torch.int32, torch.int64)
+        and float(filler) == filler
+        and _applies(data, offsets)
+    )
+
+
 def _applies(data: Tensor, index: Tensor) -> bool:
     """Whether the fast path may run: host tensors (not meta ones), nothing for autograd."""
     on_host = data.device.type == "cpu" and index.device.type == "cpu"
@@ -127,6 +149,14 @@ def packed_to_padded(
     batch = offsets.shape[0] - 1
     shape = (batch, max_len, *values.shape[1:])
     large = math.prod(shape) * values.element_size() >= LARGE_OUTPUT_BYTES
+    if out is None and not large and _aten_jagged_applies(values, offsets, padding_value):
+        # One C++ call: below LARGE_OUTPUT_BYTES its fixed cost (~15 us) is what counts.
+        try:
+            return torch.ops.aten._jagged_to_padded_dense_forward(
+                values, [offsets], [max_len], float(padding_value)
+            )
+        except RuntimeError:
+            pass  # offsets outside aten's contract: the reference defines the result
     # A caller's buffer has no fresh pages to pay for: below LARGE_OUTPUT_BYTES, copying blocks
     # straight into it beats computing a new tensor and copying that, unless samples are short.
     small_blocks = out is not None and values.numel() >= SMALL_BLOCK_ELEMENTS * batch
@@ -161,6 +191,12 @@ def padded_to_packed(
     computes the same thing where this path does not apply."""
     if not _applies(data, offsets):
         return _into(reference(data, offsets, total), out)
+    small = data.numel() * data.element_size() < LARGE_OUTPUT_BYTES
+    if out is None and small and _aten_jagged_applies(data, offsets):
+        try:
+            return torch.ops.aten._padded_dense_to_jagged_forward(data, [offsets], total)
+        except RuntimeError:
+            pass  # lengths past the padded width, or offsets not ending at total
     batch, width = data.shape[:2]
     lengths = _regular_lengths(offsets, width)
     if lengths is None or int(offsets[0]) != 0 or int(offsets[-1]) != total:

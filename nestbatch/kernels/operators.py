@@ -5,9 +5,9 @@ opaque node (its fake kernel gives output shapes without running it) and ``torch
 can verify its registrations.
 
 * The device-agnostic implementation (used on CUDA when the compiled extension is missing, and
-  on the CPU) is the pure-PyTorch reference: :mod:`nestbatch.convert.packed_padded` for the
-  conversions, :mod:`nestbatch.batched_indexing` for the indexing primitives. On the CPU the
-  conversions run :mod:`nestbatch.kernels.cpu` instead (same results, one write per element).
+  on the CPU) is the pure-PyTorch reference of :mod:`nestbatch.kernels.reference`. On the CPU
+  the conversions run :mod:`nestbatch.kernels.cpu` instead (same results, one write per
+  element, aten's jagged kernels for small outputs).
 * The CUDA implementation calls the compiled kernels of ``csrc/`` (``torch.ops.nestbatch_cuda``)
   when :func:`nestbatch.kernels.extension.load_extension` succeeds, and the reference otherwise.
 * Output sizes that depend on data (the total of a batch, the largest count of a mask) are int
@@ -24,8 +24,7 @@ import torch
 from torch import Tensor
 from torch.types import Number
 
-from nestbatch import batched_indexing as reference
-from nestbatch.kernels import cpu
+from nestbatch.kernels import cpu, reference
 from nestbatch.kernels.extension import load_extension
 
 __all__ = [
@@ -79,15 +78,6 @@ def _kernels_cover(args: tuple) -> bool:
     return all(a.dtype in _KERNEL_DTYPES for a in args if isinstance(a, Tensor))
 
 
-def _partition(offsets: Tensor, max_len: int, total: int):
-    """A one-ragged-dim partition whose host sizes are known, so the reference never syncs."""
-    from nestbatch.layouts import RowPartition
-
-    partition = RowPartition.from_offsets(offsets, max_len=max_len)
-    partition.note_total(total)
-    return partition
-
-
 def _accumulate_rows(grad: Tensor, indices: Tensor, sizes: Tensor, num_sources: int) -> Tensor:
     """Backward of a per-sample gather: sum the rows of ``grad`` into their source rows.
 
@@ -111,12 +101,7 @@ def _packed_to_padded_reference(
     values: Tensor, offsets: Tensor, max_len: int, padding_value: Number
 ) -> Tensor:
     """``(total, *D)`` packed rows -> ``(B, max_len, *D)``; ``offsets`` is ``(B + 1,)``."""
-    from nestbatch.convert import packed_padded
-
-    partition = _partition(offsets, max_len, values.shape[0])
-    return packed_padded.reference_packed_values_to_padded(
-        values, partition, (max_len,), padding_value
-    ).contiguous()
+    return reference.packed_to_padded(values, offsets, max_len, padding_value).contiguous()
 
 
 def _packed_to_padded_cpu(
@@ -156,10 +141,7 @@ packed_to_padded_op.register_autograd(
 # ------------------------------------------------------------------------------ padded -> packed
 def _padded_to_packed_reference(data: Tensor, offsets: Tensor, total: int) -> Tensor:
     """``(B, L, *D)`` padded data -> ``(total, *D)`` packed rows; ``offsets`` is ``(B + 1,)``."""
-    from nestbatch.convert import packed_padded
-
-    partition = _partition(offsets, data.shape[1], total)
-    return packed_padded.reference_padded_data_to_packed(data, partition).contiguous()
+    return reference.padded_to_packed(data, offsets, total).contiguous()
 
 
 def _padded_to_packed_cpu(data: Tensor, offsets: Tensor, total: int) -> Tensor:

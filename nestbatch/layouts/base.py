@@ -14,6 +14,10 @@ from nestbatch.layouts.partition import RowPartition
 class Layout(enum.Enum):
     """The storage layouts of a ragged batch."""
 
+    # Members are singletons compared by identity: hash them by identity too (in C), not by
+    # name in Python as Enum does; layouts are dict keys on every dispatch.
+    __hash__ = object.__hash__
+
     LIST = "list"
     PACKED = "packed"
     PADDED = "padded"

@@ -65,6 +65,17 @@ class Packed(RaggedLayout):
         self.partition = partition.to(values.device)
         self.partition.note_total(values.shape[0])
 
+    @classmethod
+    def trusted(cls, values: Tensor, partition: RowPartition) -> Packed:
+        """A layout over ``values`` that ``partition`` (on their device) is known to describe.
+
+        No checks: for nestbatch's conversions and ops, which build both from a valid batch.
+        """
+        packed = cls.__new__(cls)
+        packed.values = values
+        packed.partition = partition
+        return packed
+
     @property
     def feature_shape(self) -> torch.Size:
         """Shape of the regular dims after the ragged ones."""

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import torch
 from torch import Tensor
 
 from nestbatch._validation import check_fits, check_non_negative, check_tensor
 from nestbatch.layouts.base import RaggedLayout
+from nestbatch.layouts.memo import memoized
 from nestbatch.layouts.partition import RowPartition
 
 
@@ -65,6 +64,20 @@ class Padded(RaggedLayout):
         self.partition = partition.to(data.device)
         self.padding_value = padding_value
 
+    @classmethod
+    def trusted(
+        cls, data: Tensor, partition: RowPartition, padding_value: float | None
+    ) -> Padded:
+        """A layout over ``data`` that ``partition`` (on its device) is known to describe.
+
+        No checks: for nestbatch's conversions and ops, which build both from a valid batch.
+        """
+        padded = cls.__new__(cls)
+        padded.data = data
+        padded.partition = partition
+        padded.padding_value = padding_value
+        return padded
+
     @property
     def padded_shape(self) -> torch.Size:
         """Size of the ragged dims in ``data`` (at least the largest sample's)."""
@@ -80,7 +93,7 @@ class Padded(RaggedLayout):
         """Element dtype."""
         return self.data.dtype
 
-    @cached_property
+    @memoized
     def mask(self) -> Tensor:
         """``(B, *padded_shape)`` bool: True on slots that hold sample elements."""
         return self.partition.mask(self.padded_shape)

@@ -24,10 +24,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from functools import cached_property
 
 import torch
 from torch import Tensor
+
+from nestbatch.layouts.memo import memoized
 
 
 class RowPartition:
@@ -175,7 +176,7 @@ class RowPartition:
         return self._host_shapes is not None
 
     # ---------------------------------------------------------------------- derived, on the host
-    @cached_property
+    @memoized
     def host_shapes(self) -> tuple[tuple[int, ...], ...]:
         """Per-sample ragged shapes on the host.
 
@@ -185,17 +186,17 @@ class RowPartition:
             self._host_shapes = tuple(tuple(row) for row in self.shape_per_sample.tolist())
         return self._host_shapes
 
-    @cached_property
+    @memoized
     def host_lengths(self) -> tuple[int, ...]:
         """Number of packed rows of every sample, on the host (may synchronize once)."""
         return tuple(math.prod(shape) for shape in self.host_shapes)
 
-    @cached_property
+    @memoized
     def host_offsets(self) -> tuple[int, ...]:
         """Start of every sample in the packed rows, then the total, on the host (may sync once)."""
         return (0, *itertools.accumulate(self.host_lengths))
 
-    @cached_property
+    @memoized
     def max_shape(self) -> tuple[int, ...]:
         """Per-dim maximum of the ragged shapes (0 for an empty batch), on the host.
 
@@ -210,7 +211,7 @@ class RowPartition:
             return tuple(max((s[d] for s in shapes), default=0) for d in dims)
         return tuple(self.shape_per_sample.amax(0).tolist())
 
-    @cached_property
+    @memoized
     def total(self) -> int:
         """Total number of packed rows, on the host (may synchronize once)."""
         if self._host_shapes is not None:
@@ -222,7 +223,7 @@ class RowPartition:
         """Whether :attr:`total` is known on the host (no sync needed to read it)."""
         return self._host_shapes is not None or "total" in self.__dict__
 
-    @cached_property
+    @memoized
     def host_has_empty(self) -> bool | None:
         """Whether some sample has no element, when known on the host (None otherwise)."""
         if self._host_shapes is None:
@@ -232,7 +233,7 @@ class RowPartition:
     # -------------------------------------------------------------------- derived, on the device
     # Each is computed once, with as few device ops as the known sizes allow: host sizes are
     # copied once; offsets given on the device are differenced, never read back.
-    @cached_property
+    @memoized
     def lengths(self) -> Tensor:
         """``(B,)`` int64: packed rows per sample, the product of each ragged shape."""
         if "offsets" in self.__dict__ or (self._shapes is None and self.num_ragged_dims == 1):
@@ -241,7 +242,7 @@ class RowPartition:
             return self._shapes[:, 0]
         return self.shape_per_sample.prod(1)
 
-    @cached_property
+    @memoized
     def offsets(self) -> Tensor:
         """``(B + 1,)`` int64 (or the int32 offsets the batch was built from): start of every
         sample in the packed rows, then the total."""
@@ -252,23 +253,23 @@ class RowPartition:
         torch.cumsum(self.lengths, 0, out=offsets[1:])
         return offsets
 
-    @cached_property
+    @memoized
     def empty_samples(self) -> Tensor:
         """``(B,)`` bool: which samples have no element."""
         return self.lengths == 0
 
-    @cached_property
+    @memoized
     def row_ids(self) -> Tensor:
         """``(total,)`` int64: the sample every packed row belongs to."""
         return torch.repeat_interleave(self.lengths, output_size=self.total)
 
-    @cached_property
+    @memoized
     def positions(self) -> Tensor:
         """``(total,)`` int64: the index of every packed row inside its sample."""
         rows = torch.arange(self.total, device=self.device)
         return rows - self.offsets[self.row_ids]
 
-    @cached_property
+    @memoized
     def ragged_index(self) -> tuple[Tensor, ...]:
         """``k`` tensors ``(total,)``: the multi-index of every packed row in its sample's shape.
 

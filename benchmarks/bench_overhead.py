@@ -1,0 +1,185 @@
+"""Host time per public call on small batches, beside the plain torch call a user would write.
+
+At B=4 samples of length <= 8 with 16 features the work is tiny, so what is timed is the host
+path: argument checks, layout bookkeeping, Python between the public function and the kernel.
+Each row times a nestbatch public call (fresh objects where the call builds them) and the torch
+call a user would write for the same result on plain tensors, in one run; the target is
+``nestbatch <= 1.5 x torch + 15 us``. The RaggedBatch helpers are also timed as the bare
+``nestbatch.kernels`` operator, so the gap between the public call and its operator stays
+visible. Usage::
+
+    python benchmarks/bench_overhead.py [--device cuda] [--quick] [--batch 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import nestbatch as nb  # noqa: E402
+from benchmarks.common import add_common_args, median_time, print_table, sync_for  # noqa: E402
+from nestbatch import NestedBatch, RaggedBatch, kernels  # noqa: E402
+
+FEATURES = 16
+
+
+def _setup(batch: int, device: str):
+    gen = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(1, 9, (batch,), generator=gen).tolist()
+    total = sum(lengths)
+    values = torch.randn(total, FEATURES, generator=gen).to(device)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device)
+    max_len = max(lengths)
+    padded = pad_sequence(list(values.split(lengths)), batch_first=True)
+    mask = torch.arange(max_len, device=device) < torch.tensor(lengths, device=device)[:, None]
+    return lengths, values, offsets, max_len, padded, mask
+
+
+def rows(batch: int, device: str):
+    """``(name, nestbatch call, plain torch call)`` for every row of the table."""
+    lengths, values, offsets, max_len, padded, mask = _setup(batch, device)
+    total = values.shape[0]
+    b = NestedBatch.from_lengths(values, lengths)
+    other = b.with_values(values + 1)
+    b.padded()  # a realistic batch has its offsets cached
+    fresh_values = values.clone()
+    jagged = torch.ops.aten
+    k = 2
+    index = torch.tensor([0, batch - 1])
+    split = list(values.split(lengths))
+
+    # RaggedBatch helpers: B samples of N entries, M index slots.
+    n_entries, width = 32, 8
+    data = torch.randn(batch, n_entries, FEATURES, device=device)
+    sizes = torch.full((batch,), width // 2, device=device)
+    idx = torch.randint(0, n_entries, (batch, width), device=device)
+    idx_batch = RaggedBatch(idx, sample_sizes=sizes)
+    to_write = torch.randn(batch, width, FEATURES, device=device)
+    bool_mask = torch.rand(batch, n_entries, device=device) > 0.5
+    gather_index = idx.unsqueeze(-1).expand(-1, -1, FEATURES)
+
+    def pad_plain():
+        return pad_sequence(list(fresh_values.split(lengths)), batch_first=True)
+
+    yield (
+        "from_lengths(host).padded()+packed()",
+        lambda: (lambda x: (x.padded(), x.packed()))(NestedBatch.from_lengths(fresh_values, lengths)),
+        pad_plain,
+    )
+    yield (
+        "from_offsets(dev, validate=False).padded()",
+        lambda: NestedBatch.from_offsets(values, offsets, max_len=max_len, validate=False).padded(),
+        lambda: jagged._jagged_to_padded_dense_forward(values, [offsets], [max_len], 0.0),
+    )
+    yield (
+        "from_offsets(dev, validate=True).padded()",
+        lambda: NestedBatch.from_offsets(values, offsets, max_len=max_len).padded(),
+        lambda: jagged._jagged_to_padded_dense_forward(values, [offsets], [max_len], 0.0),
+    )
+    yield (
+        "from_padded(host lengths).packed()",
+        lambda: NestedBatch.from_padded(padded, lengths).packed(),
+        lambda: jagged._padded_dense_to_jagged_forward(padded, [offsets], total),
+    )
+    for name in ("sum", "mean", "amax", "amin"):
+        reduce = {"amax": "max", "amin": "min"}.get(name, name)
+        yield (
+            f"torch.{name}(b, dim=1)",
+            lambda name=name: getattr(torch, name)(b, dim=1),
+            lambda reduce=reduce: torch.segment_reduce(values, reduce, offsets=offsets, axis=0),
+        )
+    for name, fn in (("softmax", torch.softmax), ("log_softmax", torch.log_softmax)):
+        yield (
+            f"torch.{name}(b, dim=1)",
+            lambda fn=fn: fn(b, dim=1),
+            lambda fn=fn: fn(padded.masked_fill(~mask[..., None], float("-inf")), dim=1),
+        )
+    yield "torch.exp(b)", lambda: torch.exp(b), lambda: torch.exp(values)
+    yield "b + other", lambda: b + other, lambda: values + values
+    yield "b[:, :2]", lambda: b[:, :k], lambda: padded[:, :k]
+    yield "b[:, -2:]", lambda: b[:, -k:], lambda: [s[-k:] for s in split]
+    yield "b[index_tensor]", lambda: b[index], lambda: padded[index]
+    yield (
+        "batched_indexing_access",
+        lambda: nb.batched_indexing_access(data, idx_batch),
+        lambda: torch.gather(data, 1, gather_index),
+    )
+    yield (
+        "  kernels.indexing_access (operator)",
+        lambda: kernels.indexing_access(data, idx, sizes, check_bounds=False),
+        lambda: torch.gather(data, 1, gather_index),
+    )
+    yield (
+        "batched_indexing_access(check_bounds=False)",
+        lambda: nb.batched_indexing_access(data, idx_batch, check_bounds=False),
+        lambda: torch.gather(data, 1, gather_index),
+    )
+    yield (
+        "batched_indexing_write",
+        lambda: nb.batched_indexing_write(to_write, idx_batch, data),
+        lambda: data.scatter(1, gather_index, to_write),
+    )
+    yield (
+        "  kernels.indexing_write (operator)",
+        lambda: kernels.indexing_write(to_write, idx, sizes, data, check_bounds=False),
+        lambda: data.scatter(1, gather_index, to_write),
+    )
+    yield (
+        "batched_inverse_indexing_access",
+        lambda: nb.batched_inverse_indexing_access(to_write, idx_batch, n_entries),
+        lambda: torch.zeros_like(data).scatter(1, gather_index, to_write),
+    )
+    yield (
+        "batched_index_mapping",
+        lambda: nb.batched_index_mapping(data, idx_batch, idx_batch, data),
+        lambda: data.scatter(1, gather_index, torch.gather(data, 1, gather_index)),
+    )
+    yield (
+        "get_mask_from_indices",
+        lambda: nb.get_mask_from_indices(n_entries, idx_batch),
+        lambda: torch.zeros_like(bool_mask).scatter(1, idx, True),
+    )
+    yield (
+        "batched_bool_indexing",
+        lambda: nb.batched_bool_indexing(data, bool_mask),
+        lambda: pad_sequence([d[m] for d, m in zip(data, bool_mask)], batch_first=True),
+    )
+    yield (
+        "get_indices_from_mask",
+        lambda: nb.get_indices_from_mask(bool_mask),
+        lambda: pad_sequence([m.nonzero()[:, 0] for m in bool_mask], batch_first=True),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument("--batch", type=int, default=4, help="samples per batch (default 4)")
+    args = parser.parse_args()
+    repeat = 200 if args.quick else 2000
+    timing = {"warmup": 50, "repeat": repeat, "cuda_sync": sync_for(args.device)}
+    table = []
+    for name, ours, plain in rows(args.batch, args.device):
+        t_ours = median_time(ours, **timing) * 1e6
+        t_plain = median_time(plain, **timing) * 1e6
+        target = 1.5 * t_plain + 15
+        verdict = "ok" if t_ours <= target else "OVER"
+        table.append((name, t_ours, t_plain, t_ours / t_plain, target, verdict))
+        print(f"  {name}: {t_ours:.1f} us vs {t_plain:.1f} us", file=sys.stderr, flush=True)
+    print_table(
+        ["call", "nestbatch us", "torch us", "ratio", "target us", ""],
+        table,
+        title=f"host time per call, B={args.batch}, lengths 1-8, {FEATURES} features, "
+        f"{args.device}, median of {repeat}",
+    )
+
+
+if __name__ == "__main__":
+    main()
