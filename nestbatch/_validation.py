@@ -54,6 +54,11 @@ def host_sizes(value: object, name: str) -> tuple[int, ...]:
     ValueError
         If a size is negative.
     """
+    if type(value) in (list, tuple) and all(type(n) is int for n in value):
+        # The common case, checked in C-speed builtins.
+        if value and min(value) < 0:
+            raise ValueError(f"{name} must be non-negative, got {min(value)} in {list(value)}")
+        return tuple(value)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(
             f"{name} must be a sequence of ints or a 1-d integer tensor, got "

@@ -430,7 +430,7 @@ def batched_indexing_access(
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, sizes, data.bound, "input_indices", "input_data")], check_bounds
     )
-    out = kernels.indexing_access(data.canonical, resolved, sizes, filler_value, check_bounds=False)
+    out = kernels.call("indexing_access", data.canonical, resolved, sizes, filler_value)
     tensor = from_canonical(out, indices.batch_shape, data.dim)
     return indices.create_with_sample_sizes_like_self(tensor, non_uniform_dim=data.dim)
 
@@ -496,9 +496,7 @@ def batched_indexing_write(
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, sizes, into.bound, "output_indices", "to_write_into")], check_bounds
     )
-    out = kernels.indexing_write(
-        values.canonical, resolved, sizes, into.canonical, check_bounds=False
-    )
+    out = kernels.call("indexing_write", values.canonical, resolved, sizes, into.canonical)
     return _wrap_like(into, out, indices.batch_shape)
 
 
@@ -556,8 +554,9 @@ def batched_inverse_indexing_access(
         [_RangeCheck(flat, sizes, output_num_targets, "output_indices", "the output")],
         check_bounds,
     )
-    out = kernels.inverse_indexing_access(
-        values.canonical, resolved, sizes, output_num_targets, filler_value, check_bounds=False
+    out = kernels.call(
+        "inverse_indexing_access", values.canonical, resolved, sizes, output_num_targets,
+        filler_value,
     )
     return from_canonical(out, indices.batch_shape, values.dim)
 
@@ -634,9 +633,7 @@ def batched_index_mapping(
         ],
         check_bounds,
     )
-    out = kernels.index_mapping(
-        source.canonical, s_res, t_res, sizes, target.canonical, check_bounds=False
-    )
+    out = kernels.call("index_mapping", source.canonical, s_res, t_res, sizes, target.canonical)
     return _wrap_like(target, out, batch_shape)
 
 
@@ -673,7 +670,7 @@ def get_mask_from_indices(
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, sizes, mask_num_targets, "indices", "the mask")], check_bounds
     )
-    mask = kernels.indices_to_mask(resolved, sizes, mask_num_targets, check_bounds=False)
+    mask = kernels.call("indices_to_mask", resolved, sizes, mask_num_targets)
     return mask.reshape(tuple(indices.batch_shape) + (mask_num_targets,))
 
 

@@ -31,6 +31,8 @@ def to_canonical(tensor: Tensor, num_batch_dims: int, dim: int) -> Tensor:
     ``(*batch, ..., N at dim, ...)`` becomes ``(prod(batch), N, *rest)`` where
     ``rest`` keeps the order of the remaining dims.
     """
+    if num_batch_dims == 1 and dim == 1:
+        return tensor  # already canonical (the common case): no view to make
     moved = tensor.movedim(dim, num_batch_dims)
     # Explicit sizes (no -1): a -1 is ambiguous when the tensor is empty.
     return moved.reshape(
@@ -40,6 +42,8 @@ def to_canonical(tensor: Tensor, num_batch_dims: int, dim: int) -> Tensor:
 
 def from_canonical(tensor: Tensor, batch_shape: Sequence[int], dim: int) -> Tensor:
     """Inverse of :func:`to_canonical`."""
+    if len(batch_shape) == 1 and dim == 1:
+        return tensor
     unflat = tensor.reshape(tuple(batch_shape) + tuple(tensor.shape[1:]))
     return unflat.movedim(len(batch_shape), dim)
 

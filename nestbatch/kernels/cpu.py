@@ -58,6 +58,10 @@ _ATEN_JAGGED_DTYPES = frozenset({
 })
 
 
+_JAGGED_TO_PADDED = torch.ops.aten._jagged_to_padded_dense_forward.default
+_PADDED_TO_JAGGED = torch.ops.aten._padded_dense_to_jagged_forward.default
+
+
 def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> bool:
     """Whether aten's FBGEMM-derived jagged kernels may compute a small CPU conversion.
 
@@ -152,9 +156,7 @@ def packed_to_padded(
     if out is None and not large and _aten_jagged_applies(values, offsets, padding_value):
         # One C++ call: below LARGE_OUTPUT_BYTES its fixed cost (~15 us) is what counts.
         try:
-            return torch.ops.aten._jagged_to_padded_dense_forward(
-                values, [offsets], [max_len], float(padding_value)
-            )
+            return _JAGGED_TO_PADDED(values, [offsets], [max_len], float(padding_value))
         except RuntimeError:
             pass  # offsets outside aten's contract: the reference defines the result
     # A caller's buffer has no fresh pages to pay for: below LARGE_OUTPUT_BYTES, copying blocks
@@ -194,7 +196,7 @@ def padded_to_packed(
     small = data.numel() * data.element_size() < LARGE_OUTPUT_BYTES
     if out is None and small and _aten_jagged_applies(data, offsets):
         try:
-            return torch.ops.aten._padded_dense_to_jagged_forward(data, [offsets], total)
+            return _PADDED_TO_JAGGED(data, [offsets], total)
         except RuntimeError:
             pass  # lengths past the padded width, or offsets not ending at total
     batch, width = data.shape[:2]

@@ -121,17 +121,6 @@ def padded_to_packed(data: Tensor, offsets: Tensor, total: int) -> Tensor:
     return data[row_ids, positions]
 
 
-def _slot_validity(sizes: Tensor, width: int) -> Tensor:
-    """Bool ``(B, width)``: ``True`` where the slot index is below the sample size."""
-    arange = torch.arange(width, device=sizes.device)
-    return arange.unsqueeze(0) < sizes.unsqueeze(1)
-
-
-def _expand_to_data(mask: Tensor, data_dim: int) -> Tensor:
-    """View a ``(B, W)`` mask so that it broadcasts against ``(B, W, *D)`` data."""
-    return mask.reshape(mask.shape + (1,) * (data_dim - 2))
-
-
 def fill_padding(data: Tensor, sizes: Tensor, value: float) -> Tensor:
     """Set the padded slots of each sample to ``value``.
 
@@ -150,8 +139,8 @@ def fill_padding(data: Tensor, sizes: Tensor, value: float) -> Tensor:
     Tensor
         New tensor of shape ``(B, N, *D)``; the gradient of padded slots is 0.
     """
-    invalid = ~_slot_validity(sizes, data.shape[1])
-    return data.masked_fill(_expand_to_data(invalid, data.dim()), value)
+    padding = _padding_slots(sizes, data.shape[1])
+    return data.masked_fill(padding.view(*padding.shape, *(1,) * (data.dim() - 2)), value)
 
 
 def indexing_access(
@@ -178,28 +167,22 @@ def indexing_access(
         add up in ``data``.
     """
     num_samples, width = indices.shape
-    valid = _slot_validity(sizes, width)
+    shape = (num_samples, width, *data.shape[2:])
     if data.shape[1] == 0:
-        # Nothing can be read, so every slot is a filler slot; a one-row pad
-        # gives the gather something to point at and keeps the autograd graph.
-        data = torch.cat(
-            [data, data.new_full((num_samples, 1) + tuple(data.shape[2:]), filler_value)], dim=1
-        )
-    safe = torch.where(
-        valid, indices, torch.zeros((), dtype=indices.dtype, device=indices.device)
-    ).long()
-    # One index_select over the flattened (B * N) rows: on the CPU it runs several times faster
-    # than advanced indexing with a (batch, index) pair.
-    rows = _flat_rows(safe, data.shape[1])
-    flat = data.reshape(data.shape[0] * data.shape[1], *data.shape[2:])
-    gathered = flat.index_select(0, rows).view(num_samples, width, *data.shape[2:])
-    return gathered.masked_fill(_expand_to_data(~valid, gathered.dim()), filler_value)
+        # Nothing can be read: every slot is a filler slot (the sum keeps the autograd link).
+        out = data.new_full(shape, filler_value)
+        return out + data.sum() * 0 if data.requires_grad else out
+    # Padded slots may hold any index: clamp them into range, read, then overwrite them.
+    safe = indices.clamp(0, data.shape[1] - 1).long()
+    trailing = (1,) * (data.dim() - 2)
+    gathered = torch.gather(data, 1, safe.view(num_samples, width, *trailing).expand(shape))
+    return gathered.masked_fill(_padding_slots(sizes, width).view(num_samples, width, *trailing),
+                                filler_value)
 
 
-def _flat_rows(indices: Tensor, width: int) -> Tensor:
-    """``b * width + indices[b, j]``, flattened: row numbers in a ``(B * width, ...)`` view."""
-    batch = torch.arange(indices.shape[0], device=indices.device).unsqueeze(1)
-    return (batch * width + indices).reshape(-1)
+def _padding_slots(sizes: Tensor, width: int) -> Tensor:
+    """Bool ``(B, width)``: ``True`` where the slot is past the sample size."""
+    return torch.arange(width, device=sizes.device) >= sizes.unsqueeze(1)
 
 
 def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
@@ -227,16 +210,16 @@ def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tenso
     """
     num_samples, width = indices.shape
     num_targets = into.shape[1]
-    valid = _slot_validity(sizes, width)
-    # Invalid slots write into one extra dummy row after all the others, dropped afterwards:
-    # no data-dependent (host-syncing) selection of the valid slots, and the result is a
-    # contiguous prefix of the buffer.
     feature = tuple(into.shape[2:])
     rows = num_samples * num_targets
+    # Rows of all samples back to back, plus one dummy row that padding slots write into and
+    # that is dropped afterwards: no data-dependent (host-syncing) selection of the valid
+    # slots, and the result is a contiguous prefix of the buffer. (index_copy_ rather than a
+    # scatter along dim 1: it copies rows bit for bit, NaN payloads included.)
     flat = torch.cat([into.reshape(rows, *feature), into.new_zeros((1, *feature))])
-    target = torch.where(valid, _flat_rows(indices.long(), num_targets).view_as(valid), rows)
-    source = to_write.reshape(num_samples * width, *feature)
-    flat.index_copy_(0, target.reshape(-1), source)
+    starts = torch.arange(num_samples, device=indices.device).unsqueeze(1) * num_targets
+    target = torch.where(_padding_slots(sizes, width), rows, indices.long() + starts)
+    flat.index_copy_(0, target.reshape(-1), to_write.reshape(num_samples * width, *feature))
     return flat[:rows].view(into.shape)
 
 
@@ -350,11 +333,10 @@ def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
         Bool tensor of shape ``(B, num_targets)``.
     """
     num_samples, width = indices.shape
-    valid = _slot_validity(sizes, width)
-    target = torch.where(valid, indices.long(), torch.full((), num_targets, device=indices.device))
+    target = torch.where(_padding_slots(sizes, width), num_targets, indices.long())
     out = torch.zeros((num_samples, num_targets + 1), dtype=torch.bool, device=indices.device)
-    out.scatter_(1, target, torch.ones_like(target, dtype=torch.bool))
-    return out[:, :num_targets].contiguous()
+    out.scatter_(1, target, True)
+    return out[:, :num_targets]
 
 
 def bool_compaction(data: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -21,6 +21,7 @@ memory; when they exist only on the device, the first property that needs them r
 
 from __future__ import annotations
 
+import array
 import itertools
 import math
 from collections.abc import Sequence
@@ -96,10 +97,11 @@ class RowPartition:
     def from_host_lengths(
         cls, lengths: Sequence[int], device: torch.device, *, max_len: int | None = None
     ) -> RowPartition:
-        """Partition of a batch with one ragged dim whose lengths are known on the host."""
-        partition = cls.from_host_shapes([(int(n),) for n in lengths], 1, device)
-        if max_len is not None:
-            partition._max_shape = (int(max_len),)
+        """Partition of a batch with one ragged dim whose lengths (Python ints) are known on the
+        host; ``max_len``, when given, must be at least the largest."""
+        partition = cls(None, host_shapes=tuple((n,) for n in lengths), device=device)
+        partition.__dict__["host_lengths"] = tuple(lengths)
+        partition._max_shape = (max(lengths, default=0) if max_len is None else max_len,)
         return partition
 
     @classmethod
@@ -161,13 +163,20 @@ class RowPartition:
             if self.num_ragged_dims == 1:
                 self._shapes = self.lengths.view(-1, 1)
             else:
-                self._shapes = self._host_tensor(self.host_shapes).view(
+                flat = itertools.chain.from_iterable(self.host_shapes)
+                self._shapes = self._host_tensor(list(flat)).view(
                     self.batch_size, self.num_ragged_dims
                 )
         return self._shapes
 
     def _host_tensor(self, values: Sequence) -> Tensor:
-        """An int64 device tensor of host values: one host-to-device copy."""
+        """An int64 tensor of host ints on the partition's device: one host-to-device copy.
+
+        On the CPU the tensor wraps an ``array`` of the values (1 us instead of
+        ``torch.tensor``'s 4), except while tracing with fake tensors, which need a factory op.
+        """
+        if values and self._device.type == "cpu" and not _tracing():
+            return torch.frombuffer(array.array("q", values), dtype=torch.int64)
         return torch.tensor(values, dtype=torch.int64, device=self._device)
 
     @property
@@ -189,6 +198,8 @@ class RowPartition:
     @memoized
     def host_lengths(self) -> tuple[int, ...]:
         """Number of packed rows of every sample, on the host (may synchronize once)."""
+        if self._num_ragged_dims == 1:
+            return tuple(shape[0] for shape in self.host_shapes)
         return tuple(math.prod(shape) for shape in self.host_shapes)
 
     @memoized
@@ -353,3 +364,9 @@ class RowPartition:
     def __repr__(self) -> str:
         shapes = self._host_shapes if self._host_shapes is not None else "<on device>"
         return f"RowPartition(batch_size={self.batch_size}, shapes={shapes})"
+
+
+def _tracing() -> bool:
+    """Whether fake tensors are being made (``torch.compile``, FakeTensorMode)."""
+    fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+    return fake is not None or torch.compiler.is_compiling()
