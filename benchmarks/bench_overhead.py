@@ -41,6 +41,10 @@ def _setup(batch: int, device: str):
     return lengths, values, offsets, max_len, padded, mask
 
 
+def _round_trip(batch: NestedBatch):
+    return batch.padded(), batch.packed()
+
+
 def rows(batch: int, device: str):
     """``(name, nestbatch call, plain torch call)`` for every row of the table."""
     lengths, values, offsets, max_len, padded, mask = _setup(batch, device)
@@ -69,7 +73,7 @@ def rows(batch: int, device: str):
 
     yield (
         "from_lengths(host).padded()+packed()",
-        lambda: (lambda x: (x.padded(), x.packed()))(NestedBatch.from_lengths(fresh_values, lengths)),
+        lambda: _round_trip(NestedBatch.from_lengths(fresh_values, lengths)),
         pad_plain,
     )
     yield (

@@ -5,6 +5,7 @@ sizes, or a list of tensors, and converts lazily (and cached) between them. The 
 :class:`RaggedBatch` API and its batched helper functions are exported here too.
 """
 
+from nestbatch import ops, selection  # noqa: F401  (they plug into NestedBatch)
 from nestbatch.batch import NestedBatch
 from nestbatch.batching_helpers import (
     RaggedBatch,

@@ -25,10 +25,19 @@ from nestbatch._validation import (
     read_device_values,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
-from nestbatch.ops.common import storage_dim
-from nestbatch.ops.tensor_methods import TensorMethods  # light: ops load on first dispatch
+from nestbatch.tensor_methods import TensorMethods
 
 _PADDED_ANY = object()  # cache key of a padded layout whose filler is unspecified
+
+# Extension points: the modules above this one (the op registry, the RaggedBatch API) plug in
+# here at import, so this module imports none of them.
+_EXTENSIONS: dict[str, Callable[..., Any]] = {}
+
+
+def extend(name: str, implementation: Callable[..., Any]) -> None:
+    """Plug ``implementation`` into the batch: ``"torch_function"`` (what
+    ``__torch_function__`` calls), ``"to_ragged_batch"``. For nestbatch's own upper layers."""
+    _EXTENSIONS[name] = implementation
 
 
 class NestedBatch(TensorMethods):
@@ -70,6 +79,18 @@ class NestedBatch(TensorMethods):
         self._partition = layout.partition
         self._cache: dict[Any, RaggedLayout] = {}
         self._remember(layout)
+
+    @classmethod
+    def trusted(cls, layout: RaggedLayout, ragged_dim: int = 1) -> NestedBatch:
+        """A batch over ``layout`` with no checks: for nestbatch's ops, which build the layout
+        from a valid batch (the public constructor checks ``ragged_dim`` against it)."""
+        batch = cls.__new__(cls)
+        batch._ragged_dim = ragged_dim
+        batch._primary = layout
+        batch._partition = layout.partition
+        batch._cache = {}
+        batch._remember(layout)
+        return batch
 
     # ============================================================================ constructors
     @classmethod
@@ -294,14 +315,10 @@ class NestedBatch(TensorMethods):
     def to_ragged_batch(self) -> Any:
         """This batch as a :class:`~nestbatch.RaggedBatch` sharing the padded data (one ragged
         dim; see :meth:`RaggedBatch.from_nested_batch`)."""
-        from nestbatch.ragged_batch import RaggedBatch
-
-        return RaggedBatch.from_nested_batch(self)
+        return _EXTENSIONS["to_ragged_batch"](self)
 
     def _require_leading_ragged(self, what: str) -> None:
         if self._ragged_dim != 1:
-            from nestbatch.ops.common import moved_ragged_error
-
             raise moved_ragged_error(self, what)
 
     # ============================================================================ layouts
@@ -325,6 +342,12 @@ class NestedBatch(TensorMethods):
         """Layouts already computed (and cached) for this batch."""
         kinds = {key[0] if isinstance(key, tuple) else key for key in self._cache}
         return tuple(kind for kind in Layout if kind in kinds)
+
+    def has_layout(self, kind: Layout) -> bool:
+        """Whether a layout of ``kind`` is already computed (and cached) for this batch."""
+        if kind is Layout.PADDED:
+            return any(type(key) is tuple for key in self._cache)
+        return kind in self._cache
 
     def packed(self) -> Packed:
         """The batch as :class:`~nestbatch.layouts.Packed` (converted once, then cached).
@@ -662,8 +685,11 @@ class NestedBatch(TensorMethods):
                 f"values must have {total} rows (one per packed row), got shape "
                 f"{tuple(values.shape)}"
             )
-        packed = Packed(values, partition=self._partition.to(values.device))
-        return NestedBatch(packed, self._ragged_dim if ragged_dim is None else ragged_dim)
+        packed = Packed.trusted(values, self._partition.to(values.device))
+        ragged_dim = self._ragged_dim if ragged_dim is None else ragged_dim
+        if ragged_dim == 1:
+            return NestedBatch.trusted(packed)  # dim 1 is valid for every feature shape
+        return NestedBatch(packed, ragged_dim)
 
     def map_values(self, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
         """Apply ``fn`` to the packed values (TF ``map_flat_values``); keeps the structure."""
@@ -700,11 +726,6 @@ class NestedBatch(TensorMethods):
         for d, size in enumerate(shape):
             sample = sample.narrow(d, 0, size)
         return self._logical(sample)
-
-    def __getitem__(self, index: Any) -> Tensor | NestedBatch:
-        from nestbatch.selection import getitem
-
-        return getitem(self, index)
 
     # ====================================== interop (PackedSequence, torch.nested, TensorFlow)
     # Thin delegations to nestbatch.convert.{packed_sequence,nested_tensor,tensorflow}, imported
@@ -828,9 +849,7 @@ class NestedBatch(TensorMethods):
     # ============================================================================ torch interop
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from nestbatch.ops import dispatch
-
-        return dispatch(func, types, args, kwargs or {})
+        return _EXTENSIONS["torch_function"](func, types, args, kwargs or {})
 
     def __getstate__(self) -> dict:
         # Only the primary layout travels; other layouts are recomputed on demand.
@@ -903,6 +922,68 @@ def _asked_by_time_major_rnn() -> bool:
         isinstance(module, torch.nn.RNNBase)
         and not module.batch_first
         and caller.f_code.co_filename == torch.nn.modules.rnn.__file__
+    )
+
+
+# ================================================================ internal API for the ops
+# What nestbatch's upper layers (ops/, selection.py, ragged_batch.py) may do with a batch
+# beyond its public surface; they use nothing else of its internals.
+def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
+    """The cached layout of ``kind`` (for a padded one, whatever its filler), or None."""
+    if kind is Layout.PADDED:
+        return next((lay for key, lay in batch._cache.items() if type(key) is tuple), None)
+    return batch._cache.get(kind)
+
+
+def stored_layout(batch: NestedBatch) -> RaggedLayout:
+    """The layout the batch was built in (the one in-place ops write into)."""
+    return batch._primary
+
+
+def forget_derived_layouts(batch: NestedBatch) -> None:
+    """Drop every cached layout but the stored one (after its values changed in place)."""
+    batch._cache.clear()
+    batch._remember(batch._primary)
+
+
+def map_stored(batch: NestedBatch, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
+    """A batch whose stored tensors are ``fn`` of ``batch``'s (same structure and layout)."""
+    return batch._map_primary(fn)
+
+
+def with_ragged_dim(batch: NestedBatch, ragged_dim: int) -> NestedBatch:
+    """The same data presented with the ragged dim at ``ragged_dim`` (shares the cache)."""
+    return batch._with_ragged_dim(ragged_dim)
+
+
+def storage_dim(batch: NestedBatch, dim: int) -> tuple[str, int]:
+    """Where logical ``dim`` (normalized) of ``batch`` is stored.
+
+    Returns
+    -------
+    kind : str
+        ``"batch"``, ``"ragged"`` or ``"feature"``.
+    stored : int
+        0 for the batch; for a ragged dim its dim in the padded data ``(B, *padded, *feature)``
+        (``1..k``); for a feature dim its dim in the packed values ``(total, *feature)``.
+    """
+    if dim == 0:
+        return "batch", 0
+    k, ragged = batch.num_ragged_dims, batch.ragged_dim
+    if k > 1:
+        return ("ragged", dim) if dim <= k else ("feature", dim - k)
+    if dim == ragged:
+        return "ragged", 1
+    # Stored feature dims are in logical order, with the ragged position skipped.
+    return "feature", dim if dim < ragged else dim - 1
+
+
+def moved_ragged_error(batch: NestedBatch, what: str, detail: str = "") -> ValueError:
+    """The error of an op that cannot run with the ragged dim where ``batch`` presents it."""
+    extra = f" ({detail})" if detail else ""
+    return ValueError(
+        f"{what} is not supported with the ragged dim at logical dim {batch.ragged_dim}{extra}; "
+        f"transpose the ragged dim back to dim 1 first (e.g. x.transpose(1, {batch.ragged_dim}))"
     )
 
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from .batch import NestedBatch, extend
 from .kernels.reference import fill_padding
-
-if TYPE_CHECKING:
-    from .batch import NestedBatch
 
 __all__ = ["RaggedBatch"]
 
@@ -950,8 +948,6 @@ class RaggedBatch:
             ``B`` samples of shape ``(*before, size_i, *after)``, with
             ``ragged_dim == non_uniform_dim``.
         """
-        from .batch import NestedBatch
-
         if self._num_batch_dims != 1:
             raise ValueError(
                 f"to_nested_batch needs a single batch dim, got {self._num_batch_dims}"
@@ -993,3 +989,6 @@ class RaggedBatch:
             data = data.narrow(1, 0, max_len)
         data = data.movedim(1, nb.ragged_dim)
         return cls(data, sample_sizes=padded.lengths, non_uniform_dim=nb.ragged_dim)
+
+
+extend("to_ragged_batch", RaggedBatch.from_nested_batch)

@@ -19,16 +19,21 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from nestbatch._validation import read_device_values
+from nestbatch.batch import NestedBatch, cached_layout, with_ragged_dim
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
+from nestbatch.ops.registry import register
 
-if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
+
+@register(torch.Tensor.__getitem__, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
+          moved_ragged=True)
+def _getitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
+    return getitem(args[0], args[1])
 
 
 def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
@@ -71,8 +76,8 @@ def _getitem_moved(batch: NestedBatch, head: Any, rest: tuple) -> NestedBatch:
     rest = rest + (slice(None),) * max(0, at + 1 - len(rest))
     before, ragged, after = rest[:at], rest[at], rest[at + 1 :]
     dropped = sum(1 for entry in before if _is_integer(entry))
-    stored = batch._with_ragged_dim(1)[(head, ragged, *before, *after)]
-    return stored._with_ragged_dim(batch.ragged_dim - dropped)
+    stored = with_ragged_dim(batch, 1)[(head, ragged, *before, *after)]
+    return with_ragged_dim(stored, batch.ragged_dim - dropped)
 
 
 def _is_integer(entry: Any) -> bool:
@@ -161,12 +166,10 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
     rows. With a host index and host sizes, the rows to gather are computed on the host and the
     device sees one copy of them and one ``index_select``.
     """
-    from nestbatch.batch import NestedBatch
-
     partition = batch.partition.select(index)
-    cache = batch._cache
-    if Layout.LIST in cache and index.device.type == "cpu":
-        tensors = cache[Layout.LIST].tensors
+    listed = cached_layout(batch, Layout.LIST)
+    if listed is not None and index.device.type == "cpu":
+        tensors = listed.tensors
         return NestedBatch(
             TensorList(
                 [tensors[i] for i in index.tolist()],
@@ -177,7 +180,7 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
                 partition=partition,
             )
         )
-    padded = next((layout for key, layout in cache.items() if isinstance(key, tuple)), None)
+    padded = cached_layout(batch, Layout.PADDED)
     if padded is None and not partition.knows_host_shapes:
         padded = batch.padded(None)  # a device index: gather whole padded rows, no size read
     if padded is not None:
@@ -221,8 +224,6 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
     with device sizes, a prefix ``x[:, :k]`` is one padding kernel (the result is padded), and
     other slices read the sizes once.
     """
-    from nestbatch.batch import NestedBatch
-
     partition = batch.partition
     if batch.num_ragged_dims == 1 and (partition.knows_host_shapes or _is_prefix_slice(slices)):
         return NestedBatch(_slice_one_ragged_dim(batch, slices[0]))
@@ -237,7 +238,7 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
         host_shapes=tuple(map(tuple, new_sizes.tolist())) if sizes.device.type == "cpu" else None,
     )
     if _is_prefix_slice(slices):
-        padded = next((lay for key, lay in batch._cache.items() if isinstance(key, tuple)), None)
+        padded = cached_layout(batch, Layout.PADDED)
         if padded is not None:
             return NestedBatch(_narrow_padded(padded, new_partition, slices))
     packed = batch.packed()
@@ -256,7 +257,7 @@ def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
     step = 1 if s.step is None else _slice_bound(s.step, "step")
     if step <= 0:
         raise ValueError(f"slice step on ragged dim 1 must be positive, got {step}")
-    padded = next((lay for key, lay in batch._cache.items() if isinstance(key, tuple)), None)
+    padded = cached_layout(batch, Layout.PADDED)
     if not partition.knows_host_shapes:
         # A prefix of device-known sizes: the padding kernel cuts every sample at the stop.
         stop = partition.max_shape[0] if s.stop is None and partition._max_shape else s.stop

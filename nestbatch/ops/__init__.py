@@ -1,10 +1,22 @@
 """Torch functions on a :class:`~nestbatch.NestedBatch`.
 
-Every module of this package registers implementations in :mod:`nestbatch.ops.registry`; they
-are imported on the first dispatch (:func:`nestbatch.ops.registry.ensure_loaded`), so a new
-module needs no edit here. :func:`dispatch` is what ``NestedBatch.__torch_function__`` calls.
+Every module of this package registers implementations in :mod:`nestbatch.ops.registry`, and
+importing the package imports them all (``nestbatch`` itself imports it): the registry is
+complete before the first dispatch, with no import on the dispatch path. The registry plugs
+:func:`dispatch` into ``NestedBatch.__torch_function__`` (:func:`nestbatch.batch.extend`).
+A new module of ops is listed below.
 """
 
-from nestbatch.ops.registry import dispatch, ensure_loaded, register
+from nestbatch.ops import (  # noqa: F401  (imported for their registrations)
+    attention,
+    elementwise,
+    interop,
+    matmul,
+    nn,
+    reductions,
+    shape,
+    structure,
+)
+from nestbatch.ops.registry import dispatch, register
 
-__all__ = ["dispatch", "ensure_loaded", "register"]
+__all__ = ["dispatch", "register"]

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch
 from nestbatch.layouts import Layout, Padded
 from nestbatch.ops.common import check_same_structure, is_batch
 from nestbatch.ops.registry import register
@@ -246,8 +247,6 @@ def _dense_mask(mask: Tensor, batch: int, num_heads: int | None, lq: int, lk: in
 
 def _wrap_zero_padded(out: Tensor, q: Any) -> Any:
     # The output's padded slots are zeros (rows of padded queries); saying so saves a refill.
-    from nestbatch.batch import NestedBatch
-
     padded = Padded(out, partition=q.padded(0.0).partition, padding_value=0.0)
     return NestedBatch(padded, q.ragged_dim)
 

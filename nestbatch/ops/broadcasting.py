@@ -19,14 +19,12 @@ broadcasts against the packed values ``(total, *feature)``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch
 from nestbatch.ops.common import check_same_structure, is_batch
-
-if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
 
 
 def feature_ndim(batches: list[NestedBatch]) -> int:

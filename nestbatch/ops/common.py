@@ -11,24 +11,20 @@ through it (:func:`dim_kind`, :func:`values_dim`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch, forget_derived_layouts, storage_dim, stored_layout
 from nestbatch.layouts import Layout, Padded, RowPartition
-
-if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
 
 PACKED_OR_PADDED = (Layout.PACKED, Layout.PADDED)
 
 
 def is_batch(x: Any) -> bool:
     """Whether ``x`` is a :class:`~nestbatch.NestedBatch`."""
-    from nestbatch.batch import NestedBatch
-
     return isinstance(x, NestedBatch)
 
 
@@ -78,28 +74,6 @@ def normalize_dim(batch: NestedBatch, dim: int, name: str = "dim") -> int:
     return dim % ndim
 
 
-def storage_dim(batch: NestedBatch, dim: int) -> tuple[str, int]:
-    """Where logical ``dim`` (normalized) of ``batch`` is stored.
-
-    Returns
-    -------
-    kind : str
-        ``"batch"``, ``"ragged"`` or ``"feature"``.
-    stored : int
-        0 for the batch; for a ragged dim its dim in the padded data ``(B, *padded, *feature)``
-        (``1..k``); for a feature dim its dim in the packed values ``(total, *feature)``.
-    """
-    if dim == 0:
-        return "batch", 0
-    k, ragged = batch.num_ragged_dims, batch.ragged_dim
-    if k > 1:
-        return ("ragged", dim) if dim <= k else ("feature", dim - k)
-    if dim == ragged:
-        return "ragged", 1
-    # Stored feature dims are in logical order, with the ragged position skipped.
-    return "feature", dim if dim < ragged else dim - 1
-
-
 def logical_dim(batch: NestedBatch, stored: int) -> int:
     """The logical dim of the batch that is dim ``stored >= 1`` of the packed values."""
     if batch.num_ragged_dims > 1:
@@ -115,15 +89,6 @@ def dim_kind(batch: NestedBatch, dim: int) -> str:
 def values_dim(batch: NestedBatch, dim: int) -> int:
     """The dim of the packed values that is feature ``dim`` (normalized) of the batch."""
     return storage_dim(batch, dim)[1]
-
-
-def moved_ragged_error(batch: NestedBatch, what: str, detail: str = "") -> ValueError:
-    """The error of an op that cannot run with the ragged dim where ``batch`` presents it."""
-    extra = f" ({detail})" if detail else ""
-    return ValueError(
-        f"{what} is not supported with the ragged dim at logical dim {batch.ragged_dim}{extra}; "
-        f"transpose the ragged dim back to dim 1 first (e.g. x.transpose(1, {batch.ragged_dim}))"
-    )
 
 
 def check_same_structure(a: NestedBatch, b: NestedBatch, what: str = "batches") -> None:
@@ -161,8 +126,6 @@ def _describe_shapes(partition: RowPartition) -> str:
 
 def wrap_padded(data: Tensor, partition: RowPartition, ragged_dim: int = 1) -> NestedBatch:
     """A batch over padded ``data`` (stored order) whose padding holds no particular value."""
-    from nestbatch.batch import NestedBatch
-
     return NestedBatch(Padded(data, partition=partition, padding_value=None), ragged_dim)
 
 
@@ -200,7 +163,7 @@ def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
             f"in-place result has feature shape {tuple(result.feature_shape)}, which does not "
             f"match the batch's {tuple(batch.feature_shape)}"
         )
-    primary = batch._primary
+    primary = stored_layout(batch)
     values = result.values.to(batch.dtype)
     if isinstance(primary, Padded):
         primary.data.index_put_((primary.mask,), values)
@@ -210,6 +173,5 @@ def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
         for tensor, new in zip(primary.tensors, result.tensor_list().tensors):
             tensor.copy_(new)
     # Other layouts were computed from the old values; only the primary one stays valid.
-    batch._cache.clear()
-    batch._remember(primary)
+    forget_derived_layouts(batch)
     return batch

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nestbatch.batch import map_stored
 from nestbatch.layouts import Layout
 from nestbatch.ops.broadcasting import broadcast_error, feature_ndim, packed_operand
 from nestbatch.ops.common import (
@@ -151,4 +152,4 @@ def _copy(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         return batch.detach()
     if func is torch.Tensor.contiguous:
         return batch.contiguous()
-    return batch._map_primary(lambda t: torch.clone(t, **kwargs))
+    return map_stored(batch, lambda t: torch.clone(t, **kwargs))

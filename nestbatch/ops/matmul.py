@@ -16,25 +16,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch, moved_ragged_error
 from nestbatch.layouts import Layout, RowPartition
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     check_same_structure,
     dim_kind,
     is_batch,
-    moved_ragged_error,
     wrap_padded,
 )
 from nestbatch.ops.registry import register
-
-if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
 
 
 @register(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,

@@ -18,13 +18,12 @@ from typing import Any
 
 import torch.nn.functional as F
 
+from nestbatch.batch import moved_ragged_error, storage_dim
 from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     dim_kind,
-    moved_ragged_error,
     normalize_dim,
     replace_storage,
-    storage_dim,
 )
 from nestbatch.ops.registry import register
 

@@ -24,27 +24,24 @@ reducing feature dims before it moves it down.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch, storage_dim
 from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
     fill_value_for,
     normalize_dim,
-    storage_dim,
     torch_funcs,
     values_dim,
 )
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import segment_reduce
-
-if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
 
 _COMPOSABLE = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "count_nonzero", "any", "all"}
 _SECOND_STAGE = {"count_nonzero": "sum"}  # how a feature stage continues a ragged stage
@@ -345,7 +342,6 @@ def _pads_cheaply(batch: NestedBatch) -> bool:
 
 
 def _wrap_padded_with(data: Tensor, partition: Any, ragged_dim: int, filler: Any) -> NestedBatch:
-    from nestbatch.batch import NestedBatch
     from nestbatch.layouts import Padded
 
     return NestedBatch(Padded(data, partition=partition, padding_value=filler), ragged_dim)

@@ -18,12 +18,11 @@ To support a new function, register it in one place::
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from nestbatch.batch import NestedBatch, extend
 from nestbatch.layouts import Layout
 
 Implementation = Callable[[Layout, Callable, tuple, dict], Any]
@@ -40,29 +39,6 @@ class OpEntry:
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
-_loaded = False
-
-
-def ensure_loaded() -> None:
-    """Import every module of :mod:`nestbatch.ops` once, so their entries are registered.
-
-    Deferred to the first lookup: ``nestbatch.batch`` imports the ops package (for its Tensor
-    methods) while it is itself being imported, and implementation modules may import it back.
-    A new module in the package needs no edit anywhere.
-    """
-    global _loaded
-    if _loaded:
-        return
-    # Set first: the modules being imported call back into the registry.
-    _loaded = True
-    package = importlib.import_module("nestbatch.ops")
-    try:
-        for module in pkgutil.iter_modules(package.__path__):
-            if module.name != "registry":
-                importlib.import_module(f"nestbatch.ops.{module.name}")
-    except BaseException:
-        _loaded = False
-        raise
 
 
 def register(
@@ -110,21 +86,17 @@ def register(
 
 def lookup(func: Callable) -> OpEntry | None:
     """The entry registered for ``func``, or None."""
-    ensure_loaded()
     return _REGISTRY.get(func)
 
 
 def registered_functions() -> tuple[Callable, ...]:
     """Every torch function with an entry."""
-    ensure_loaded()
     return tuple(_REGISTRY)
 
 
-def nested_arguments(args: tuple, kwargs: dict) -> list[Any]:
+def nested_arguments(args: tuple, kwargs: dict) -> list[NestedBatch]:
     """The :class:`~nestbatch.NestedBatch` objects among ``args`` / ``kwargs`` (one level of
     lists and tuples is searched, for ops such as ``torch.cat``)."""
-    from nestbatch.batch import NestedBatch
-
     return [a for a in _walk((*args, *kwargs.values())) if isinstance(a, NestedBatch)]
 
 
@@ -154,7 +126,6 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
         For a function with no entry, naming it and the way to a plain tensor; for an entry that
         does not handle a moved ragged dim given a batch with one.
     """
-    ensure_loaded()
     entry = _REGISTRY.get(func)
     if entry is None:
         name = _display_name(func)
@@ -174,6 +145,9 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
             )
     layout = choose_layout(entry, batches)
     return entry.impl(layout, func, args, kwargs)
+
+
+extend("torch_function", dispatch)
 
 
 def _display_name(func: Callable) -> str:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch
 from nestbatch.ops.common import fill_value_for
 
 if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
     from nestbatch.layouts import RowPartition
 
 REDUCTIONS = ("sum", "mean", "amax", "amin", "prod")

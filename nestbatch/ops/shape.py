@@ -21,27 +21,23 @@ reshape would move elements across the ragged dim and raises a ``ValueError``.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch, moved_ragged_error, storage_dim
 from nestbatch.layouts import Layout, RowPartition
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
     is_batch,
-    moved_ragged_error,
     normalize_dim,
-    storage_dim,
     torch_funcs,
     values_dim,
     wrap_padded,
 )
 from nestbatch.ops.registry import register
-
-if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
 
 
 def _shape_arg(args: tuple, kwargs: dict) -> tuple[int, ...]:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from nestbatch.batch import NestedBatch
 from nestbatch.layouts import Layout, Packed, RowPartition
 from nestbatch.ops.common import (
     check_same_structure,
@@ -41,9 +42,6 @@ from nestbatch.ops.common import (
     values_dim,
 )
 from nestbatch.ops.registry import register
-
-if TYPE_CHECKING:
-    from nestbatch.batch import NestedBatch
 
 
 def _as_batches(items: Any, ref: NestedBatch) -> list[NestedBatch]:
@@ -69,8 +67,6 @@ def dense_as_batch(item: Tensor, ref: NestedBatch) -> NestedBatch:
     ``ref.ragged_dim``, or ``1..k``), so the result has ``ref``'s ragged dim. Stored packed; the
     values are a view of ``item`` where ``reshape`` can make one.
     """
-    from nestbatch.batch import NestedBatch
-
     k, rd = ref.num_ragged_dims, ref.ragged_dim
     stored = item.movedim(rd, 1) if rd != 1 else item
     n, ragged = stored.shape[0], tuple(stored.shape[1 : 1 + k])
@@ -126,8 +122,6 @@ def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
     """The samples of every batch, in order (TF ``concat`` axis=0); keeps their ragged dim."""
-    from nestbatch.batch import NestedBatch
-
     rd = check_same_ragged_dim(batches, "cat along dim 0")
     shapes_seen = list(dict.fromkeys(b.sample_shape for b in batches))
     if len(shapes_seen) > 1:
@@ -146,8 +140,6 @@ def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
 def cat_rows(batches: list[NestedBatch]) -> NestedBatch:
     """Sample ``i`` = every batch's sample ``i`` joined along the ragged dim (TF axis=1), which
     stays at its logical position."""
-    from nestbatch.batch import NestedBatch
-
     ref = batches[0]
     rd = check_same_ragged_dim(batches, "cat along the ragged dim")
     if ref.num_ragged_dims != 1 or any(b.num_ragged_dims != 1 for b in batches):
@@ -269,7 +261,6 @@ def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
     NestedBatch
         ``B * reps[0]`` samples ``sample.repeat(*reps[1:])``, the ragged dim still at ``r``.
     """
-    from nestbatch.batch import NestedBatch
     from nestbatch.selection import select_samples
 
     k, rd = batch.num_ragged_dims, batch.ragged_dim

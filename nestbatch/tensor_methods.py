@@ -1,9 +1,11 @@
 """`TensorMethods`: the Tensor-like surface of a :class:`~nestbatch.NestedBatch`.
 
 Python operators (``+ - * / // % ** @``, comparisons, ``& | ^ ~``, unary ``-`` and ``abs``, the
-in-place ``+=`` ...) and Tensor methods (``x.exp()``, ``x.sum(1)``, ``x.softmax(1)``, ...). Every
-one calls :func:`nestbatch.ops.dispatch` with the matching ``torch.Tensor`` method, so it runs
-through the same registry entry as ``torch.<op>(x)`` and ``tensor.<op>(x)``.
+in-place ``+=`` ...), indexing (``x[...]``) and Tensor methods (``x.exp()``, ``x.sum(1)``,
+``x.softmax(1)``, ...). Every one calls the class's ``__torch_function__`` with the matching
+``torch.Tensor`` method, so it runs through the same registry entry as ``torch.<op>(x)`` and
+``tensor.<op>(x)``. This module sits below :mod:`nestbatch.batch` and imports nothing of
+nestbatch.
 
 ``==`` returns a batch of bools (elementwise, as torch), so ``__hash__`` is the identity hash:
 batches stay usable as dict keys and set members, compared by identity there.
@@ -23,12 +25,12 @@ import torch
 from torch import Tensor
 
 _OPERAND_TYPES = (Number, Tensor)
+_GETITEM = torch.Tensor.__getitem__  # the registry's key (bound at import: tools may patch it)
 
 
 def _call(func: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
-    from nestbatch.ops import dispatch
-
-    return dispatch(func, (type(self),), (self, *args), kwargs)
+    cls = type(self)
+    return cls.__torch_function__(func, (cls,), (self, *args), kwargs)
 
 
 def _method(name: str) -> Callable:
@@ -60,16 +62,13 @@ def _operator(name: str, reflected: bool = False) -> Callable:
 
 
 def _call_swapped(func: Callable, self: Any, other: Any) -> Any:
-    from nestbatch.ops import dispatch
-
     other = torch.as_tensor(other) if isinstance(other, Number) else other
-    return dispatch(func, (type(self),), (other, self), {})
+    cls = type(self)
+    return cls.__torch_function__(func, (cls,), (other, self), {})
 
 
 def _is_batch(x: Any) -> bool:
-    from nestbatch.batch import NestedBatch
-
-    return isinstance(x, NestedBatch)
+    return isinstance(x, TensorMethods)
 
 
 class TensorMethods:
@@ -88,6 +87,10 @@ class TensorMethods:
 
     def __invert__(self) -> Any:
         return _call(torch.Tensor.bitwise_not, self)
+
+    def __getitem__(self, index: Any) -> Any:
+        """``x[index]``: see :mod:`nestbatch.selection` for the rules."""
+        return _call(_GETITEM, self, index)
 
 
 _BINARY = {
