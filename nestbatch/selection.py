@@ -38,6 +38,10 @@ def _getitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor | N
 
 def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     """``batch[index]`` (see the module docstring for the rules)."""
+    if (type(index) is tuple and len(index) == 2 and type(index[1]) is slice
+            and index[0] == _ALL and batch.ragged_dim == 1 and batch.num_ragged_dims == 1):
+        # x[:, a:b], the most common form: straight to the slice.
+        return slice_ragged(batch, (index[1],)) if index[1] != _ALL else batch
     index = _expand_ellipsis(index if isinstance(index, tuple) else (index,), batch.dim())
     head, rest = index[0], index[1:]
     if _is_integer(head):
@@ -67,6 +71,9 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
                 )
         batch = batch.with_values(batch.values[(slice(None), *features)])
     return batch
+
+
+_ALL = slice(None)
 
 
 def _getitem_moved(batch: NestedBatch, head: Any, rest: tuple) -> NestedBatch:
@@ -114,6 +121,11 @@ def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
     """
     if isinstance(index, slice):
         return torch.arange(batch_size)[index]
+    if type(index) in (list, tuple) and all(type(i) is int for i in index):
+        bad = [i for i in index if not -batch_size <= i < batch_size]
+        if bad:
+            raise IndexError(f"batch index {bad[0]} is out of range for batch size {batch_size}")
+        return _host_index([i % batch_size for i in index] if index else [])
     if not isinstance(index, Tensor):
         index = _host_index(index)
     if index.dtype == torch.bool:
@@ -189,14 +201,23 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
     old = batch.partition
     starts = [old.host_offsets[i] for i in index.tolist()]
     rows = host_row_index(starts, partition.host_lengths)
-    return NestedBatch(Packed(gather_rows(batch.packed().values, rows), partition=partition))
+    values = gather_rows(batch.packed().values, rows)
+    return NestedBatch.trusted(Packed.trusted(values, partition))
+
+
+#: Up to this many rows, a row index is listed by Python's C-level range iteration (one
+#: ``torch.tensor``); beyond, it is computed with four host tensor ops of fixed cost.
+_LISTED_ROWS = 512
 
 
 def host_row_index(starts: list[int], lengths: tuple[int, ...] | list[int],
                    step: int = 1) -> Tensor:
     """``(sum(lengths),)`` int64 on the host: ``starts[b] + j * step`` for ``j < lengths[b]``,
-    samples back to back. Computed with host tensor ops (no per-row Python work)."""
+    samples back to back (no per-row Python work)."""
     total = sum(lengths)
+    if total <= _LISTED_ROWS:
+        ranges = (range(s, s + n * step, step) for s, n in zip(starts, lengths))
+        return torch.tensor(list(itertools.chain.from_iterable(ranges)), dtype=torch.int64)
     counts = torch.tensor(lengths, dtype=torch.int64)
     first = [0, *itertools.accumulate(lengths)][:-1]
     shift = torch.tensor([s - f * step for s, f in zip(starts, first)], dtype=torch.int64)
@@ -226,7 +247,7 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
     """
     partition = batch.partition
     if batch.num_ragged_dims == 1 and (partition.knows_host_shapes or _is_prefix_slice(slices)):
-        return NestedBatch(_slice_one_ragged_dim(batch, slices[0]))
+        return NestedBatch.trusted(_slice_one_ragged_dim(batch, slices[0]))
     sizes = (
         torch.tensor(partition.host_shapes, dtype=torch.int64).reshape(-1, len(slices))
         if partition.knows_host_shapes
@@ -276,7 +297,7 @@ def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
         return _narrow_padded(padded, new, (s,))
     starts = [o + b[0] for o, b in zip(partition.host_offsets, bounds)]
     rows = host_row_index(starts, lengths, step)
-    return Packed(gather_rows(batch.packed().values, rows), partition=new)
+    return Packed.trusted(gather_rows(batch.packed().values, rows), new)
 
 
 def _pad_to_width(batch: NestedBatch, width: int) -> Tensor:
@@ -330,6 +351,6 @@ def _narrow_padded(padded: Padded, partition: RowPartition, slices: tuple[slice,
     # Prefix slices keep every sample's first elements in place: a view of the padded data.
     data = padded.data
     for d, s in enumerate(slices):
-        if s.stop is not None:
-            data = data.narrow(d + 1, 0, min(s.stop, data.shape[d + 1]))
-    return Padded(data, partition=partition, padding_value=padded.padding_value)
+        if s.stop is not None and s.stop < data.shape[d + 1]:
+            data = data.narrow(d + 1, 0, s.stop)
+    return Padded.trusted(data, partition.to(data.device), padded.padding_value)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nestbatch.batch import map_stored
+from nestbatch.batch import NestedBatch, map_stored
 from nestbatch.layouts import Layout
 from nestbatch.ops.broadcasting import broadcast_error, feature_ndim, packed_operand
 from nestbatch.ops.common import (
@@ -67,6 +67,11 @@ INPLACE_DUNDERS = {
 
 def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on the packed values of every batch operand (padded data if scalars only)."""
+    if layout is Layout.PACKED:
+        fast = _same_structure_operands(args, kwargs)
+        if fast is not None:
+            ref, values = fast
+            return ref.with_values(func(*values, **kwargs))
     batches = nested_arguments(args, kwargs)
     ref = batches[0]
     others = [a for a in (*args, *kwargs.values()) if a is not ref]
@@ -89,6 +94,33 @@ def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             raise broadcast_error(exc, ref, others) from exc
         raise
     return ref.with_values(out)
+
+
+def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, list] | None:
+    """The common case, found in one pass: batches sharing one partition object, ragged dim 1,
+    the same feature dims, beside scalars only (no keyword tensors). Returns the first batch
+    and the arguments with every batch replaced by its packed values; None otherwise (the
+    general path then broadcasts and checks)."""
+    if args and isinstance(args[0], Number):
+        return None  # torch.sub(3, x): the general path makes the number a tensor
+    ref = None
+    values = []
+    for a in args:
+        if isinstance(a, NestedBatch):
+            if a.ragged_dim != 1:
+                return None
+            if ref is None:
+                ref = a
+            elif a.partition is not ref.partition or a.dim() != ref.dim():
+                return None
+            values.append(a.values)
+        elif isinstance(a, Tensor) and a.dim() > 0:
+            return None
+        else:
+            values.append(a)
+    if ref is None or any(isinstance(v, Tensor | NestedBatch) for v in kwargs.values()):
+        return None
+    return ref, values
 
 
 def _out_of_place(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -18,7 +18,7 @@ To support a new function, register it in one place::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ class OpEntry:
     layouts: tuple[Layout, ...]
     prefer: Layout
     moved_ragged: bool = False
+    order: tuple[Layout, ...] = ()  # the layouts to try, the preferred first
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
@@ -78,7 +79,8 @@ def register(
 
     def decorate(impl: Implementation) -> Implementation:
         for func in funcs:
-            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged)
+            order = (prefer, *(layout for layout in layouts if layout is not prefer))
+            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order)
         return impl
 
     return decorate
@@ -97,22 +99,22 @@ def registered_functions() -> tuple[Callable, ...]:
 def nested_arguments(args: tuple, kwargs: dict) -> list[NestedBatch]:
     """The :class:`~nestbatch.NestedBatch` objects among ``args`` / ``kwargs`` (one level of
     lists and tuples is searched, for ops such as ``torch.cat``)."""
-    return [a for a in _walk((*args, *kwargs.values())) if isinstance(a, NestedBatch)]
-
-
-def _walk(items: Iterable[Any]) -> Iterator[Any]:
-    for item in items:
-        if isinstance(item, (list, tuple)):
-            yield from item
-        else:
-            yield item
+    found = []
+    for group in (args, kwargs.values()):
+        for item in group:
+            if isinstance(item, NestedBatch):
+                found.append(item)
+            elif type(item) in (list, tuple):
+                found.extend(x for x in item if isinstance(x, NestedBatch))
+    return found
 
 
 def choose_layout(entry: OpEntry, batches: list[Any]) -> Layout:
     """The layout to run ``entry`` on: a materialized one it supports, else its preferred one."""
-    order = (entry.prefer, *(layout for layout in entry.layouts if layout is not entry.prefer))
-    for layout in order:
-        if batches and all(layout in batch.materialized_layouts for batch in batches):
+    if not batches:
+        return entry.prefer
+    for layout in entry.order:
+        if all(batch.has_layout(layout) for batch in batches):
             return layout
     return entry.prefer
 
