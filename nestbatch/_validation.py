@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from nestbatch.kernels.reference import sizes_mask
+
 
 def check_tensor(value: object, name: str) -> Tensor:
     """Raise ``TypeError`` unless ``value`` is a tensor."""
@@ -102,6 +104,19 @@ def read_device_values(values: Tensor) -> list:
     return values.cpu().tolist()
 
 
+def as_offsets(offsets: object, device: torch.device, name: str = "offsets") -> Tensor:
+    """``offsets`` as a 1-d int64 tensor on ``device`` (int32 is widened; a copy only when the
+    dtype or device differs). Checks the type and shape, not the values."""
+    check_tensor(offsets, name)
+    if offsets.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {offsets.dtype}")
+    if offsets.dim() != 1:
+        raise ValueError(f"{name} must be 1-d (B + 1,), got shape {tuple(offsets.shape)}")
+    if offsets.dtype is torch.int64 and offsets.device == device:
+        return offsets
+    return offsets.to(device=device, dtype=torch.int64)
+
+
 def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | None = None,
                             name: str = "offsets") -> None:
     """Check device ``offsets`` ``(B + 1,)``: start at 0, never decrease, end at ``num_values``,
@@ -115,6 +130,9 @@ def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | Non
     """
     if offsets.numel() == 0:
         raise ValueError(f"{name} must have at least one entry (B + 1 values), got an empty tensor")
+    if offsets.is_cpu and offsets.numel() <= _HOST_CHECKED:
+        _check_host_offsets(offsets.tolist(), num_values, max_len, name)  # host memory: no sync
+        return
     ends = torch.tensor([0, num_values], dtype=offsets.dtype, device=offsets.device)
     chain = torch.cat([offsets[:1], ends[:1], offsets, ends[1:], offsets[-1:]] * 2)
     length = offsets.numel() + 4
@@ -131,6 +149,29 @@ def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | Non
         f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
         "layout would lose data; give the true maximum or leave max_len out"
     )
+
+
+#: Host offsets up to this many entries are checked in Python (cheaper than four tensor ops).
+_HOST_CHECKED = 1024
+
+
+def _check_host_offsets(
+    offsets: list[int], num_values: int, max_len: int | None, name: str
+) -> None:
+    steps = [b - a for a, b in zip(offsets, offsets[1:])]
+    if offsets[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {offsets[0]}")
+    if offsets[-1] != num_values:
+        raise ValueError(
+            f"{name} must end at the number of values ({num_values}), got {offsets[-1]}"
+        )
+    if steps and min(steps) < 0:
+        raise ValueError(f"{name} must be non-decreasing, got {offsets}")
+    if max_len is not None and steps and max(steps) > max_len:
+        raise ValueError(
+            f"max_len={max_len} is smaller than the longest sample ({max(steps)} rows): the "
+            "padded layout would lose data; give the true maximum or leave max_len out"
+        )
 
 
 def check_offsets(offsets: Tensor, num_values: int, name: str = "offsets") -> None:
@@ -237,7 +278,7 @@ def check_prefix_mask(mask: Tensor, name: str = "mask") -> Tensor:
     if mask.dim() != 2:
         raise ValueError(f"{name} must have shape (B, max_len), got {tuple(mask.shape)}")
     lengths = mask.sum(1, dtype=torch.int64)
-    expected = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
+    expected = sizes_mask(lengths, mask.shape[1])
     if not torch.equal(expected, mask):
         bad = (expected != mask).any(1).nonzero().flatten().tolist()
         raise ValueError(

@@ -17,6 +17,7 @@ from torch import Tensor
 from nestbatch import convert
 from nestbatch._validation import (
     as_index_tensor,
+    as_offsets,
     check_count,
     check_offsets_on_device,
     check_prefix_mask,
@@ -153,7 +154,7 @@ class NestedBatch(TensorMethods):
             host = host_sizes(lengths, "lengths")
             _check_host_lengths(host, values.shape[0], max_len)
             partition = RowPartition.from_host_lengths(host, values.device, max_len=max_len)
-            return cls(Packed(values, partition=partition))
+            return cls.trusted(Packed.trusted(values, partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
         partition = RowPartition.from_lengths(lengths, max_len=max_len)
         if validate:
@@ -195,12 +196,13 @@ class NestedBatch(TensorMethods):
             if not host or host[0] != 0 or any(n < 0 for n in lengths):
                 raise ValueError(f"offsets must start at 0 and never decrease, got {list(host)}")
             return cls.from_lengths(values, lengths, max_len=max_len)
-        packed = Packed(values, offsets, validate=False)
+        if values.dim() < 1:
+            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+        offsets = as_offsets(offsets, values.device)
         if validate:
-            check_offsets_on_device(packed.partition.offsets, values.shape[0], max_len)
-        if max_len is not None:
-            packed.partition._max_shape = (max_len,)
-        return cls(packed)
+            check_offsets_on_device(offsets, values.shape[0], max_len)
+        partition = RowPartition.from_offsets(offsets, max_len=max_len, total=values.shape[0])
+        return cls.trusted(Packed.trusted(values, partition))
 
     @classmethod
     def from_row_ids(
@@ -295,7 +297,7 @@ class NestedBatch(TensorMethods):
             lengths = check_prefix_mask(mask) if validate else mask.sum(1)
         elif lengths is not None and not isinstance(lengths, Tensor):
             host = host_sizes(lengths, "lengths")
-            return cls(_padded_with_host_lengths(data, host, padding_value))
+            return cls.trusted(_padded_with_host_lengths(data, host, padding_value))
         return cls(
             Padded(
                 data,
@@ -877,7 +879,7 @@ def _padded_with_host_lengths(
             f"max_len {data.shape[1]}"
         )
     partition = RowPartition.from_host_lengths(host, data.device)
-    return Padded(data, partition=partition, padding_value=padding_value)
+    return Padded.trusted(data, partition, padding_value)
 
 
 def _check_host_lengths(host: tuple[int, ...], num_rows: int, max_len: int | None) -> None:

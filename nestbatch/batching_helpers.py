@@ -36,6 +36,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from . import kernels
 from ._validation import read_device_values
+from .kernels.reference import sizes_mask
 from .ragged_batch import RaggedBatch, from_canonical, to_canonical
 
 __all__ = [
@@ -194,7 +195,7 @@ class _RangeCheck(NamedTuple):
 
 
 def _slot_validity(sizes: Tensor, width: int) -> Tensor:
-    return torch.arange(width, device=sizes.device).unsqueeze(0) < sizes.unsqueeze(1)
+    return sizes_mask(sizes, width)
 
 
 def _bound_view(bound: Tensor | int) -> Tensor | int:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .batch import NestedBatch, extend
-from .kernels.reference import fill_padding
+from .kernels.reference import fill_padding, sizes_mask
 
 __all__ = ["RaggedBatch"]
 
@@ -65,8 +65,7 @@ class _SampleLayout:
     def mask(self) -> Tensor:
         if self._mask is None:
             sizes = self._sample_sizes
-            arange = torch.arange(self.max_size, device=sizes.device)
-            self._mask = arange < sizes.unsqueeze(-1)
+            self._mask = sizes_mask(sizes, self.max_size)
         return self._mask
 
     @property

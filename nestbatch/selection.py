@@ -100,9 +100,10 @@ def _is_integer(entry: Any) -> bool:
 
 
 def _expand_ellipsis(index: tuple, ndim: int) -> tuple:
-    if Ellipsis not in index:
+    # Identity tests: ``Ellipsis in index`` would compare tensors elementwise.
+    at = next((i for i, entry in enumerate(index) if entry is Ellipsis), None)
+    if at is None:
         return index
-    at = index.index(Ellipsis)
     fill = (slice(None),) * (ndim - len(index) + 1)
     return index[:at] + fill + index[at + 1 :]
 
@@ -136,14 +137,15 @@ def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
         return index.nonzero().flatten()
     if index.is_floating_point() or index.is_complex():
         raise TypeError(f"batch index must be integer or bool, got {index.dtype}")
-    index = index.reshape(-1).to(torch.int64)
-    if index.device.type == "cpu":
-        bad = [i for i in index.tolist() if not -batch_size <= i < batch_size]
-        if bad:
-            raise IndexError(
-                f"batch index {bad[0]} is out of range for batch size {batch_size}"
-            )
-        return torch.where(index < 0, index + batch_size, index)
+    index = index.reshape(-1)
+    if index.is_cpu:
+        host = index.tolist()
+        if host and not (-batch_size <= min(host) and max(host) < batch_size):
+            bad = next(i for i in host if not -batch_size <= i < batch_size)
+            raise IndexError(f"batch index {bad} is out of range for batch size {batch_size}")
+        if host and min(host) < 0:
+            return torch.tensor([i % batch_size for i in host], dtype=torch.int64)
+        return index.to(torch.int64)
     if index.numel() == 0:
         return index
     smallest, largest = read_device_values(torch.stack(torch.aminmax(index)))

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from nestbatch.kernels import cpu as _cpu
 from nestbatch.kernels import operators as _operators  # registers nestbatch::*
+from nestbatch.kernels import reference as _reference
 from nestbatch.kernels.extension import extension_status, load_extension
 
 __all__ = [
@@ -57,9 +58,7 @@ def call(name: str, *args: object) -> object:
     directly: the same computation, differentiated by PyTorch's autograd, without the
     custom-op dispatch (about 50 us a call).
     """
-    if args[0].device.type == "cpu" and not (
-        torch.compiler.is_compiling() or isinstance(args[0], FakeTensor)
-    ):
+    if args[0].is_cpu and not (isinstance(args[0], FakeTensor) or torch.compiler.is_compiling()):
         return _CPU[name](*args)
     return getattr(_ops, name)(*args)
 
@@ -156,7 +155,7 @@ def _check_bounds(name: str, indices: Tensor, sizes: Tensor, bound: int) -> None
     low, high = torch.stack(torch.aminmax(indices)).cpu().tolist()
     if 0 <= low and high < bound:
         return
-    valid = torch.arange(indices.shape[1], device=indices.device) < sizes.unsqueeze(1)
+    valid = _reference.sizes_mask(sizes, indices.shape[1])
     bad = valid & ((indices < 0) | (indices >= bound))
     if bool(bad.any()):
         sample, slot = (int(i) for i in bad.nonzero()[0])

@@ -29,6 +29,7 @@ from torch import Tensor
 from torch.types import Number
 
 from nestbatch.kernels.host_memory import empty_for_write
+from nestbatch.kernels.reference import sizes_mask
 
 __all__ = ["fill_padding", "indexing_access", "packed_to_padded", "padded_to_packed"]
 
@@ -58,6 +59,7 @@ _ATEN_JAGGED_DTYPES = frozenset({
 })
 
 
+_OFFSET_DTYPES = (torch.int64, torch.int32)
 _JAGGED_TO_PADDED = torch.ops.aten._jagged_to_padded_dense_forward.default
 _PADDED_TO_JAGGED = torch.ops.aten._padded_dense_to_jagged_forward.default
 
@@ -69,18 +71,17 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
     filler as a double (so only fillers a double holds exactly).
     """
     return (
-        data.dtype in _ATEN_JAGGED_DTYPES
-        and data.dim() >= 1
-        and offsets.dtype in (torch.int32, torch.int64)
-        and float(filler) == filler
-        and _applies(data, offsets)
+        _applies(data, offsets)
+        and data.dtype in _ATEN_JAGGED_DTYPES
+        and offsets.dtype in _OFFSET_DTYPES
+        and (type(filler) is float or float(filler) == filler)
     )
 
 
 def _applies(data: Tensor, index: Tensor) -> bool:
     """Whether the fast path may run: host tensors (not meta ones), nothing for autograd."""
-    on_host = data.device.type == "cpu" and index.device.type == "cpu"
-    return on_host and not (torch.is_grad_enabled() and data.requires_grad)
+    on_host = data.is_cpu and index.is_cpu
+    return on_host and not (data.requires_grad and torch.is_grad_enabled())
 
 
 def _regular_lengths(offsets: Tensor, max_len: int) -> Tensor | None:
@@ -151,14 +152,15 @@ def packed_to_padded(
     ``reference`` computes the same thing where this path does not apply.
     """
     batch = offsets.shape[0] - 1
-    shape = (batch, max_len, *values.shape[1:])
-    large = math.prod(shape) * values.element_size() >= LARGE_OUTPUT_BYTES
+    row_bytes = math.prod(values.shape[1:]) * values.element_size()
+    large = batch * max_len * row_bytes >= LARGE_OUTPUT_BYTES
     if out is None and not large and _aten_jagged_applies(values, offsets, padding_value):
         # One C++ call: below LARGE_OUTPUT_BYTES its fixed cost (~15 us) is what counts.
         try:
             return _JAGGED_TO_PADDED(values, [offsets], [max_len], float(padding_value))
         except RuntimeError:
             pass  # offsets outside aten's contract: the reference defines the result
+    shape = (batch, max_len, *values.shape[1:])
     # A caller's buffer has no fresh pages to pay for: below LARGE_OUTPUT_BYTES, copying blocks
     # straight into it beats computing a new tensor and copying that, unless samples are short.
     small_blocks = out is not None and values.numel() >= SMALL_BLOCK_ELEMENTS * batch
@@ -242,7 +244,7 @@ def indexing_access(
     large = math.prod(shape) * data.element_size() >= LARGE_OUTPUT_BYTES
     if not (large and data.shape[1] > 0 and _applies(data, indices)):
         return reference(data, indices, sizes, filler_value)
-    valid = torch.arange(width) < sizes.long().unsqueeze(1)
+    valid = sizes_mask(sizes.long(), width)
     # Padded slots may hold any index: read row 0 of their sample, then overwrite them.
     rows = torch.where(valid, indices.long(), 0)
     rows += torch.arange(batch).unsqueeze(1) * data.shape[1]

@@ -49,6 +49,7 @@ __all__ = [
     "mask_to_indices",
     "packed_to_padded",
     "padded_to_packed",
+    "sizes_mask",
 ]
 
 #: On the CPU, samples averaging at least this many elements are padded as whole blocks
@@ -139,7 +140,7 @@ def fill_padding(data: Tensor, sizes: Tensor, value: float) -> Tensor:
     Tensor
         New tensor of shape ``(B, N, *D)``; the gradient of padded slots is 0.
     """
-    padding = _padding_slots(sizes, data.shape[1])
+    padding = sizes_mask(sizes, data.shape[1], padding=True)
     return data.masked_fill(padding.view(*padding.shape, *(1,) * (data.dim() - 2)), value)
 
 
@@ -175,14 +176,31 @@ def indexing_access(
     # Padded slots may hold any index: clamp them into range, read, then overwrite them.
     safe = indices.clamp(0, data.shape[1] - 1).long()
     trailing = (1,) * (data.dim() - 2)
-    gathered = torch.gather(data, 1, safe.view(num_samples, width, *trailing).expand(shape))
-    return gathered.masked_fill(_padding_slots(sizes, width).view(num_samples, width, *trailing),
-                                filler_value)
+    if math.prod(data.shape[2:]) >= _ROW_COPY_ELEMENTS:
+        # Long rows: one index_select of whole rows of the flattened (B * N) data copies them
+        # faster than gather's per-element index reads (1.5x at 64 float32 features).
+        starts = torch.arange(0, num_samples * data.shape[1], data.shape[1], device=data.device)
+        flat = data.reshape(num_samples * data.shape[1], *data.shape[2:])
+        gathered = flat.index_select(0, (safe + starts.unsqueeze(1)).reshape(-1)).view(shape)
+    else:
+        gathered = torch.gather(data, 1, safe.view(num_samples, width, *trailing).expand(shape))
+    # In place on the fresh gather output (saves an allocation; its backward needs no output).
+    padding = sizes_mask(sizes, width, padding=True)
+    return gathered.masked_fill_(padding.view(num_samples, width, *trailing), filler_value)
 
 
-def _padding_slots(sizes: Tensor, width: int) -> Tensor:
-    """Bool ``(B, width)``: ``True`` where the slot is past the sample size."""
-    return torch.arange(width, device=sizes.device) >= sizes.unsqueeze(1)
+#: Rows of at least this many elements are gathered with ``index_select`` of whole rows, shorter
+#: ones with ``gather`` (fewer ops, which is what costs at small sizes).
+_ROW_COPY_ELEMENTS = 32
+
+
+def sizes_mask(sizes: Tensor, width: int, *, padding: bool = False) -> Tensor:
+    """Bool ``(*sizes.shape, width)``: True where slot ``j < sizes[...]`` (a sample's element),
+    or with ``padding=True`` where ``j >= sizes[...]``. The one place nestbatch builds a mask
+    from sizes: two ops (an ``arange`` and a comparison)."""
+    slots = torch.arange(width, device=sizes.device)
+    sizes = sizes.unsqueeze(-1)
+    return slots >= sizes if padding else slots < sizes
 
 
 def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
@@ -218,7 +236,7 @@ def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tenso
     # scatter along dim 1: it copies rows bit for bit, NaN payloads included.)
     flat = torch.cat([into.reshape(rows, *feature), into.new_zeros((1, *feature))])
     starts = torch.arange(num_samples, device=indices.device).unsqueeze(1) * num_targets
-    target = torch.where(_padding_slots(sizes, width), rows, indices.long() + starts)
+    target = torch.where(sizes_mask(sizes, width, padding=True), rows, indices.long() + starts)
     flat.index_copy_(0, target.reshape(-1), to_write.reshape(num_samples * width, *feature))
     return flat[:rows].view(into.shape)
 
@@ -333,7 +351,7 @@ def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
         Bool tensor of shape ``(B, num_targets)``.
     """
     num_samples, width = indices.shape
-    target = torch.where(_padding_slots(sizes, width), num_targets, indices.long())
+    target = torch.where(sizes_mask(sizes, width, padding=True), num_targets, indices.long())
     out = torch.zeros((num_samples, num_targets + 1), dtype=torch.bool, device=indices.device)
     out.scatter_(1, target, True)
     return out[:, :num_targets]

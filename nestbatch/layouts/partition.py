@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from nestbatch.kernels.reference import sizes_mask
 from nestbatch.layouts.memo import memoized
 
 
@@ -313,8 +314,7 @@ class RowPartition:
         for d, size in enumerate(padded_shape):
             view = [self.batch_size] + [1] * k
             view[d + 1] = size
-            in_range = torch.arange(size, device=self.device) < self.shape_per_sample[:, d, None]
-            in_range = in_range.view(view)
+            in_range = sizes_mask(self.shape_per_sample[:, d], size).view(view)
             mask = in_range if mask is None else mask & in_range
         return mask.expand(self.batch_size, *padded_shape)
 
