@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .batch import NestedBatch, extend
+from .batch import NestedBatch, extend, with_ragged_dim
 from .kernels.reference import fill_padding, sizes_mask
 
 __all__ = ["RaggedBatch"]
@@ -953,7 +953,7 @@ class RaggedBatch:
             )
         tensor = self._tensor.movedim(self._non_uniform_dim, 1)
         nb = NestedBatch.from_padded(tensor, lengths=self.sample_sizes.long(), validate=False)
-        return nb._with_ragged_dim(self._non_uniform_dim)
+        return with_ragged_dim(nb, self._non_uniform_dim)
 
     @classmethod
     def from_nested_batch(cls, nb: NestedBatch) -> RaggedBatch:

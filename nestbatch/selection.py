@@ -96,7 +96,12 @@ def _is_integer(entry: Any) -> bool:
             and entry.dtype != torch.bool
     if isinstance(entry, int):
         return True
-    return type(entry).__module__ == "numpy" and hasattr(entry, "__index__")
+    # NumPy integer scalars (and 0-d integer arrays), without importing NumPy.
+    return (
+        type(entry).__module__ == "numpy"
+        and getattr(entry, "shape", None) == ()
+        and getattr(getattr(entry, "dtype", None), "kind", "?") in ("i", "u")
+    )
 
 
 def _expand_ellipsis(index: tuple, ndim: int) -> tuple:
