@@ -5,6 +5,8 @@ sizes, or a list of tensors, and converts lazily (and cached) between them. The 
 :class:`RaggedBatch` API and its batched helper functions are exported here too.
 """
 
+import torch
+
 from nestbatch import ops, selection  # noqa: F401  (they plug into NestedBatch)
 from nestbatch.batch import NestedBatch
 from nestbatch.batching_helpers import (
@@ -30,6 +32,19 @@ from nestbatch.factories import as_nested, nested
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 
 __version__ = "0.1.0"
+
+
+def _allow_weights_only_loading() -> None:
+    """Let ``torch.load`` (``weights_only=True``, its default) rebuild saved batches: their
+    classes hold only tensors, ints, tuples and devices, and build no code from the file."""
+    from nestbatch.ragged_batch import _SampleLayout
+
+    torch.serialization.add_safe_globals(
+        [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch, _SampleLayout]
+    )
+
+
+_allow_weights_only_loading()
 
 __all__ = [
     "Layout",

@@ -30,17 +30,43 @@ def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.devi
     than truncated) and one dimension.
     """
     if not isinstance(value, Tensor):
-        try:
-            value = torch.as_tensor(list(value), dtype=torch.int64)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"{name} must be a 1-d integer tensor or a sequence of ints") from error
-        if value.numel() == 0:
-            value = value.reshape(0)
+        value = torch.tensor(host_ints(value, name), dtype=torch.int64).reshape(-1)
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {value.dtype}")
     if value.dim() != 1:
         raise ValueError(f"{name} must be 1-d, got shape {tuple(value.shape)}")
     return value.to(device=device, dtype=torch.int64)
+
+
+def host_ints(value: object, name: str) -> tuple[int, ...]:
+    """A Python sequence of integers as a tuple of ints, checked on the host (any sign).
+
+    Integers (Python ints, NumPy integers, 0-d integer tensors on the CPU) are accepted; floats,
+    bools and strings are refused rather than truncated or read character by character.
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is not a sequence of integers.
+    """
+    if type(value) in (list, tuple) and all(type(n) is int for n in value):
+        return tuple(value)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a sequence of ints or a 1-d integer tensor, got "
+            f"{type(value).__name__}"
+        )
+    ints = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or (isinstance(item, Tensor) and item.dtype == torch.bool):
+            raise TypeError(f"{name}[{i}] must be an int, got a bool ({item})")
+        try:
+            ints.append(operator.index(item))
+        except TypeError:
+            raise TypeError(
+                f"{name}[{i}] must be an int, got {type(item).__name__} ({item!r})"
+            ) from None
+    return tuple(ints)
 
 
 def host_sizes(value: object, name: str) -> tuple[int, ...]:
@@ -56,30 +82,10 @@ def host_sizes(value: object, name: str) -> tuple[int, ...]:
     ValueError
         If a size is negative.
     """
-    if type(value) in (list, tuple) and all(type(n) is int for n in value):
-        # The common case, checked in C-speed builtins.
-        if value and min(value) < 0:
-            raise ValueError(f"{name} must be non-negative, got {min(value)} in {list(value)}")
-        return tuple(value)
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(
-            f"{name} must be a sequence of ints or a 1-d integer tensor, got "
-            f"{type(value).__name__}"
-        )
-    sizes = []
-    for i, item in enumerate(value):
-        if isinstance(item, bool) or (isinstance(item, Tensor) and item.dtype == torch.bool):
-            raise TypeError(f"{name}[{i}] must be an int, got a bool ({item})")
-        try:
-            sizes.append(operator.index(item))
-        except TypeError:
-            raise TypeError(
-                f"{name}[{i}] must be an int, got {type(item).__name__} ({item!r})"
-            ) from None
-    negative = [n for n in sizes if n < 0]
-    if negative:
-        raise ValueError(f"{name} must be non-negative, got {negative[0]} in {list(value)}")
-    return tuple(sizes)
+    sizes = host_ints(value, name)
+    if sizes and min(sizes) < 0:
+        raise ValueError(f"{name} must be non-negative, got {min(sizes)} in {list(sizes)}")
+    return sizes
 
 
 def check_count(value: object, name: str) -> int:

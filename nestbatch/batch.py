@@ -29,6 +29,7 @@ from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition
 from nestbatch.tensor_methods import TensorMethods
 
 _PADDED_ANY = object()  # cache key of a padded layout whose filler is unspecified
+_MAX_SAMPLES = 2**31 - 1  # the kernels index samples with int32 grids
 
 # Extension points: the modules above this one (the op registry, the RaggedBatch API) plug in
 # here at import, so this module imports none of them.
@@ -229,6 +230,16 @@ class NestedBatch(TensorMethods):
         """
         check_tensor(values, "values")
         check_tensor(row_ids, "row_ids")
+        if values.dim() < 1:
+            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+        if num_rows is not None:
+            num_rows = check_count(num_rows, "num_rows")
+            if num_rows > _MAX_SAMPLES:
+                raise ValueError(
+                    f"num_rows={num_rows} is more samples than a batch can hold (at most "
+                    f"{_MAX_SAMPLES}); their lengths alone would take "
+                    f"{num_rows * 8 / 2**30:.0f} GiB"
+                )
         if row_ids.is_floating_point() or row_ids.dtype == torch.bool:
             raise TypeError(f"row_ids must be an integer tensor, got {row_ids.dtype}")
         if row_ids.dim() != 1 or row_ids.shape[0] != values.shape[0]:
@@ -779,6 +790,8 @@ class NestedBatch(TensorMethods):
         from nestbatch.convert.tensorflow import offsets_from_row_starts
 
         check_tensor(values, "values")
+        if values.dim() < 1:
+            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
         offsets = offsets_from_row_starts(row_starts, values.shape[0])
         return cls.from_offsets(values, offsets, validate=validate)
 

@@ -88,6 +88,14 @@ class TensorMethods:
     def __invert__(self) -> Any:
         return _call(torch.Tensor.bitwise_not, self)
 
+    def __bool__(self) -> bool:
+        """Refused, as for a tensor of several elements: ``a == b`` is a batch of bools."""
+        raise RuntimeError(
+            "Boolean value of a NestedBatch is ambiguous: compare whole batches with "
+            "a.equal(b) / torch.equal(a, b) / torch.allclose(a, b), or reduce first "
+            "((a == b).all())"
+        )
+
     def __getitem__(self, index: Any) -> Any:
         """``x[index]``: see :mod:`nestbatch.selection` for the rules."""
         return _call(_GETITEM, self, index)
@@ -108,6 +116,7 @@ _METHODS = (
     "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow",
     "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
     "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "lerp", "where", "masked_fill",
+    "equal", "allclose",
     "float", "double", "half", "bfloat16", "long", "int", "short", "bool", "byte", "matmul",
     "bmm",
     # reductions

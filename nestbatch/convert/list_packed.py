@@ -18,7 +18,9 @@ def list_to_packed(tensor_list: TensorList) -> Packed:
             (0, *feature), dtype=tensor_list.dtype, device=tensor_list.device
         )
     else:
-        values = torch.cat([t.reshape(-1, *feature) for t in tensor_list.tensors])
+        # Row counts are explicit: with a zero-size feature, -1 would be ambiguous.
+        rows = tensor_list.partition.host_lengths
+        values = torch.cat([t.reshape(n, *feature) for t, n in zip(tensor_list.tensors, rows)])
     return Packed(values, partition=tensor_list.partition)
 
 

@@ -48,6 +48,11 @@ class TensorList(RaggedLayout):
             raise TypeError(
                 f"tensors must be a list or tuple of tensors, got {type(tensors).__name__}"
             )
+        if not isinstance(num_ragged_dims, int) or isinstance(num_ragged_dims, bool):
+            raise TypeError(
+                f"num_ragged_dims must be an int, got {type(num_ragged_dims).__name__} "
+                f"({num_ragged_dims!r})"
+            )
         if num_ragged_dims < 1:
             raise ValueError(f"num_ragged_dims must be >= 1, got {num_ragged_dims}")
         dtype, device = common_dtype_device(tensors, dtype, device, "tensors")
