@@ -19,9 +19,12 @@ from nestbatch._validation import (
     as_index_tensor,
     as_offsets,
     check_count,
+    check_filler,
+    check_host_offsets,
     check_offsets_on_device,
     check_prefix_mask,
     check_tensor,
+    host_ints,
     host_sizes,
     read_device_values,
 )
@@ -136,7 +139,8 @@ class NestedBatch(TensorMethods):
             A Python sequence is kept on the host and checked there (no device work at all
             until a conversion needs the offsets); a 1-d integer tensor stays where it is.
         max_len : int, optional
-            The largest length, when ``lengths`` is a device tensor (saves a sync later).
+            The padded length: at least the longest sample (checked), and the width of
+            :meth:`padded` (saves reading the largest device length later).
         validate : bool, default True
             Check the lengths against ``values``: on the host for host lengths; for a device
             tensor this reads the device once.
@@ -182,7 +186,9 @@ class NestedBatch(TensorMethods):
             Sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``. A Python sequence is checked
             on the host.
         max_len : int, optional
-            The largest length, known on the host (saves reading it from the device later).
+            The padded length, known on the host: at least the longest sample (checked with
+            ``validate``), and the width of :meth:`padded` (saves reading the largest length
+            from the device later).
         validate : bool, default True
             Check that the offsets start at 0, never decrease, end at ``len(values)`` and that
             no sample is longer than ``max_len``. For device offsets this costs four small
@@ -192,10 +198,11 @@ class NestedBatch(TensorMethods):
         check_tensor(values, "values")
         max_len = None if max_len is None else check_count(max_len, "max_len")
         if not isinstance(offsets, Tensor):
-            host = host_sizes(offsets, "offsets")
+            host = host_ints(offsets, "offsets")
+            if not host:
+                raise ValueError("offsets must have at least one entry (B + 1 values), got none")
+            check_host_offsets(list(host), values.shape[0] if values.dim() else 0, max_len)
             lengths = [b - a for a, b in zip(host, host[1:])]
-            if not host or host[0] != 0 or any(n < 0 for n in lengths):
-                raise ValueError(f"offsets must start at 0 and never decrease, got {list(host)}")
             return cls.from_lengths(values, lengths, max_len=max_len)
         if values.dim() < 1:
             raise ValueError("values must have at least one dim (total, *feature), got a scalar")
@@ -391,6 +398,8 @@ class NestedBatch(TensorMethods):
             Pad the ragged dims to this size instead of the largest sample's (kaolin's
             ``max_shape``; ``None`` / -1 entries mean the maximum). Not cached.
         """
+        if padding_value is not None:
+            check_filler(padding_value, self.dtype)
         if max_shape is not None:
             source = self._best_source(Layout.PACKED)
             return convert.to_padded(source, padding_value or 0, max_shape)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nestbatch._validation import check_filler
 from nestbatch.convert.list_packed import list_to_packed, packed_to_list
 from nestbatch.convert.list_padded import list_to_padded, padded_to_list
 from nestbatch.convert.packed_padded import (
@@ -32,7 +33,15 @@ def to_padded(
     padding_value: float = 0.0,
     max_shape: Sequence[int | None] | None = None,
 ) -> Padded:
-    """Any layout as :class:`Padded` with ``padding_value`` in the padded slots."""
+    """Any layout as :class:`Padded` with ``padding_value`` in the padded slots.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a ``padding_value`` the layout's dtype cannot hold (``-1`` for ``uint8``, ``2.5``
+        for an integer dtype, ``1e10`` for ``float16``), naming it, the dtype and the value.
+    """
+    check_filler(padding_value, layout.dtype)
     if isinstance(layout, Padded):
         if max_shape is None:
             return refill_padding(layout, padding_value)
