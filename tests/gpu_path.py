@@ -26,9 +26,9 @@ again.
 calls pass). A few Python-level tensor methods need a real CUDA device guard on a CUDA tensor;
 the harness routes them to the aten ops they dispatch on a GPU: indexing (``slice``,
 ``select``, ``index``; ``t[i] = v`` of a view becomes ``copy_`` / ``fill_``, same count),
-``Tensor.to`` (``_to_copy``), ``contiguous`` (``clone``), ``copy_``, ``item``
-(``_local_scalar_dense``) and ``tolist`` (a device-to-host copy), so library code is written
-as usual and a read shows up as a sync. Anything else that needs the guard raises
+``Tensor.to`` (``_to_copy``), ``contiguous`` (``clone``), ``~`` (``bitwise_not``),
+``copy_``, ``item`` (``_local_scalar_dense``) and ``tolist`` (a device-to-host copy), so library
+code is written as usual and a read shows up as a sync. Anything else that needs the guard raises
 :class:`CudaRuntimeCall`.
 
 Autograd does not run on fake CUDA tensors with a CPU-only PyTorch (the engine aborts the
@@ -297,12 +297,16 @@ def _without_device_guard() -> Iterator[None]:
             return copy_(self, src, non_blocking)
         return aten.copy_.default(self, src, non_blocking)
 
+    def fake_invert(self):
+        return aten.bitwise_not.default(self) if _on_fake_cuda(self) else invert(self)
+
+    invert = torch.Tensor.__invert__
     to, contiguous, item = torch.Tensor.to, torch.Tensor.contiguous, torch.Tensor.item
     tolist, copy_ = torch.Tensor.tolist, torch.Tensor.copy_
     patches = {
         "__getitem__": fake_getitem, "__setitem__": fake_setitem, "to": fake_to,
         "contiguous": fake_contiguous, "item": fake_item, "tolist": fake_tolist,
-        "copy_": fake_copy_,
+        "copy_": fake_copy_, "__invert__": fake_invert,
     }
     with contextlib.ExitStack() as stack:
         for name, method in patches.items():

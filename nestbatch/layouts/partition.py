@@ -170,15 +170,16 @@ class RowPartition:
                 )
         return self._shapes
 
-    def _host_tensor(self, values: Sequence) -> Tensor:
-        """An int64 tensor of host ints on the partition's device: one host-to-device copy.
+    def _host_tensor(self, values: Sequence, dtype: torch.dtype = torch.int64) -> Tensor:
+        """A tensor of host ints on the partition's device: one host-to-device copy.
 
         On the CPU the tensor wraps an ``array`` of the values (1 us instead of
         ``torch.tensor``'s 4), except while tracing with fake tensors, which need a factory op.
         """
         if values and self._device.type == "cpu" and not _tracing():
-            return torch.frombuffer(array.array("q", values), dtype=torch.int64)
-        return torch.tensor(values, dtype=torch.int64, device=self._device)
+            code = "q" if dtype == torch.int64 else "i"
+            return torch.frombuffer(array.array(code, values), dtype=dtype)
+        return torch.tensor(values, dtype=dtype, device=self._device)
 
     @property
     def knows_host_shapes(self) -> bool:
@@ -264,6 +265,14 @@ class RowPartition:
         offsets[:1] = 0
         torch.cumsum(self.lengths, 0, out=offsets[1:])
         return offsets
+
+    @memoized
+    def offsets32(self) -> Tensor:
+        """:attr:`offsets` as int32 (what the varlen attention kernels take), made once: copied
+        from the host sizes when known, else cast from the device offsets."""
+        if self._host_shapes is not None and "offsets" not in self.__dict__:
+            return self._host_tensor(self.host_offsets, torch.int32)
+        return self.offsets.to(torch.int32)
 
     @memoized
     def empty_samples(self) -> Tensor:

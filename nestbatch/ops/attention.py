@@ -1,5 +1,10 @@
 """``F.scaled_dot_product_attention`` on batches of sequences.
 
+On CUDA, without ``attn_mask``, it runs on the packed rows through the variable-length flash or
+memory-efficient kernels when they apply (:mod:`nestbatch.ops.varlen_attention` has the
+dispatch table); everything else runs the padded path described here, which gives the same
+per-sample results.
+
 Queries, keys and values are batches with one ragged dim, the sequence: samples ``(L_i, E)`` or
 ``(L_i, H, E)`` (heads after the sequence, since the ragged dim comes first). Keys and values
 share their row structure; queries may have other lengths. It runs once on zero-padded data with
@@ -44,6 +49,7 @@ from nestbatch.batch import NestedBatch
 from nestbatch.layouts import Layout, Padded
 from nestbatch.ops.common import check_same_structure, is_batch
 from nestbatch.ops.registry import register
+from nestbatch.ops.varlen_attention import choose_backend, request_for, varlen_attention
 
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
@@ -61,6 +67,12 @@ def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             "scaled_dot_product_attention: Explicit attn_mask should not be set when "
             "is_causal=True"
         )
+    request = request_for(q, k, v, user_mask is not None, causal,
+                          bool(params.get("enable_gqa", False)))
+    backend = choose_backend(request)
+    if backend != "padded":
+        return varlen_attention(backend, q, k, v, params.get("dropout_p", 0.0), causal,
+                                params.get("scale"))
     qd, kd, vd = (x.padded(0.0).data for x in (q, k, v))
     heads = qd.dim() == 4
     if heads:

@@ -1,0 +1,225 @@
+r"""Attention on the packed rows through PyTorch's variable-length kernels (CUDA).
+
+``aten._flash_attention_forward`` / ``_backward`` and ``aten._efficient_attention_forward`` /
+``_backward`` take packed ``(total, H, E)`` queries, keys and values with cumulative sequence
+offsets (``cu_seqlens``, int32) and the longest lengths (host ints): they run on the packed
+layout as stored, with no padding and no host sync. :func:`choose_backend` picks the kernel on
+the host, from dtypes, shapes and host-known sizes alone, by the table :data:`DISPATCH` (walked
+in order, the first row whose conditions all hold wins):
+
+================  =====================================================================
+backend           conditions
+================  =====================================================================
+``padded``        not on CUDA; or an ``attn_mask``; or key lengths not known on the host,
+                  or a sample with no key (the padded path gives its queries zeros); or
+                  the longest query length and the totals not known on the host, or
+                  2\ :sup:`31` rows or more; or query/key heads differ without
+                  ``enable_gqa`` (torch's own error)
+``flash``         float16 / bfloat16; head dims equal, a multiple of 8, at most 256; and
+                  with ``is_causal``, queries and keys of one structure (flash aligns the
+                  causal mask at the bottom right where lengths differ, torch at the top left)
+``efficient``     float16 / bfloat16 / float32; query/key head dims equal, every head dim a
+                  multiple of 8 and at most 256 (grouped heads are repeated for it)
+``padded``        everything else (float64, odd head dims, ...)
+================  =====================================================================
+
+The backward runs the matching varlen backward kernel (:func:`varlen_backward`, through
+:class:`VarlenAttention`, a ``torch.autograd.Function`` that ``torch.compile`` traces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nestbatch.batch import NestedBatch
+from nestbatch.layouts import Packed
+
+aten = torch.ops.aten
+
+_HALF = (torch.float16, torch.bfloat16)
+_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the dispatch rule looks at, all known on the host."""
+
+    device_type: str
+    dtype: torch.dtype
+    head_dim: int
+    value_head_dim: int
+    query_heads: int
+    key_heads: int
+    has_mask: bool
+    is_causal: bool
+    same_structure: bool
+    keys_known_nonempty: bool
+    sizes_on_host: bool
+    enable_gqa: bool
+
+
+def _head_dims_fit(r: Request) -> bool:
+    return all(d % 8 == 0 and 0 < d <= _MAX_HEAD_DIM for d in (r.head_dim, r.value_head_dim))
+
+
+def _padded_first(r: Request) -> bool:
+    heads_mismatch = r.query_heads != r.key_heads and not (
+        r.enable_gqa and r.query_heads % r.key_heads == 0
+    )
+    return (r.device_type != "cuda" or r.has_mask or not r.keys_known_nonempty
+            or not r.sizes_on_host or heads_mismatch)
+
+
+def _flash(r: Request) -> bool:
+    return (r.dtype in _HALF and r.head_dim == r.value_head_dim and _head_dims_fit(r)
+            and (r.same_structure or not r.is_causal))
+
+
+def _efficient(r: Request) -> bool:
+    return r.dtype in (*_HALF, torch.float32) and _head_dims_fit(r)
+
+
+#: The dispatch rule, in order: the first row whose predicate holds gives the backend.
+DISPATCH: tuple[tuple[str, Callable[[Request], bool]], ...] = (
+    ("padded", _padded_first),
+    ("flash", _flash),
+    ("efficient", _efficient),
+    ("padded", lambda r: True),
+)
+
+
+def choose_backend(request: Request) -> str:
+    """``"flash"``, ``"efficient"`` or ``"padded"`` for ``request`` (see :data:`DISPATCH`)."""
+    return next(name for name, applies in DISPATCH if applies(request))
+
+
+def request_for(q: NestedBatch, k: NestedBatch, v: NestedBatch, has_mask: bool,
+                is_causal: bool, enable_gqa: bool) -> Request:
+    """The :class:`Request` of an attention call on batches of ``(L, E)`` / ``(L, H, E)``."""
+    heads = lambda x: x.feature_shape[0] if len(x.feature_shape) == 2 else 1  # noqa: E731
+    keys, queries = k.partition, q.partition
+    known = keys.knows_host_shapes and keys.host_has_empty is False
+    # The kernels take the longest lengths as host ints and int32 offsets.
+    on_host = (queries.knows_host_shapes or queries._max_shape is not None) and (
+        queries.knows_total and keys.knows_total
+        and max(queries.total, keys.total) < 2**31
+    )
+    return Request(
+        device_type=q.device.type, dtype=q.dtype, head_dim=q.feature_shape[-1],
+        value_head_dim=v.feature_shape[-1], query_heads=heads(q), key_heads=heads(k),
+        has_mask=has_mask, is_causal=is_causal, same_structure=_same_lengths(queries, keys),
+        keys_known_nonempty=known, sizes_on_host=on_host, enable_gqa=enable_gqa,
+    )
+
+
+def _same_lengths(a: Any, b: Any) -> bool:
+    # One partition object, or equal host sizes: a comparison on the host, never a sync.
+    if a is b:
+        return True
+    return a.knows_host_shapes and b.knows_host_shapes and a.host_shapes == b.host_shapes
+
+
+# ---------------------------------------------------------------------------------- kernels
+@dataclass(frozen=True)
+class Plan:
+    """The host-side arguments of one varlen call."""
+
+    backend: str
+    max_q: int
+    max_k: int
+    dropout_p: float
+    is_causal: bool
+    scale: float | None
+
+
+def varlen_forward(plan: Plan, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor
+                   ) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Attention of packed ``(total, H, E)`` rows: ``(output, saved for the backward)``."""
+    if plan.backend == "flash":
+        out, lse, rng_state, unused, _ = aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, plan.max_q, plan.max_k, plan.dropout_p, plan.is_causal, False,
+            scale=plan.scale,
+        )
+        return out, (lse, rng_state, unused)
+    out, lse, seed, offset, _, _ = aten._efficient_attention_forward(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None, cu_q, cu_k, plan.max_q,
+        plan.max_k, plan.dropout_p, int(plan.is_causal), True, scale=plan.scale,
+    )
+    return out.squeeze(0), (lse, seed, offset)
+
+
+def varlen_backward(plan: Plan, grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                    cu_q: Tensor, cu_k: Tensor, saved: tuple[Tensor, ...]
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`varlen_forward` for ``q``, ``k``, ``v``: the matching backward
+    kernel, one launch, no sync."""
+    if plan.backend == "flash":
+        lse, rng_state, unused = saved
+        return aten._flash_attention_backward(
+            grad, q, k, v, out, lse, cu_q, cu_k, plan.max_q, plan.max_k, plan.dropout_p,
+            plan.is_causal, rng_state, unused, scale=plan.scale,
+        )
+    lse, seed, offset = saved
+    dq, dk, dv, _ = aten._efficient_attention_backward(
+        grad.unsqueeze(0), q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None,
+        out.unsqueeze(0), cu_q, cu_k, plan.max_q, plan.max_k, lse, plan.dropout_p, seed,
+        offset, int(plan.is_causal), False, scale=plan.scale,
+    )
+    return dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
+
+
+class VarlenAttention(torch.autograd.Function):
+    """Differentiable :func:`varlen_forward`; the backward is :func:`varlen_backward`."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
+                plan: Plan) -> Tensor:
+        out, saved = varlen_forward(plan, q, k, v, cu_q, cu_k)
+        ctx.save_for_backward(q, k, v, out, cu_q, cu_k, *saved)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        q, k, v, out, cu_q, cu_k, *saved = ctx.saved_tensors
+        dq, dk, dv = varlen_backward(ctx.plan, grad.contiguous(), q, k, v, out, cu_q, cu_k,
+                                     tuple(saved))
+        return dq, dk, dv, None, None, None
+
+
+def varlen_attention(backend: str, q: NestedBatch, k: NestedBatch, v: NestedBatch,
+                     dropout_p: float, is_causal: bool, scale: float | None) -> NestedBatch:
+    """``F.scaled_dot_product_attention`` of batches of ``(L, E)`` / ``(L, H, E)`` samples on
+    their packed rows with ``backend`` (``"flash"`` or ``"efficient"``).
+
+    The longest lengths come from the host-known sizes, the int32 offsets are cached on the
+    partitions: besides the attention kernel, a call launches only what the first use of a
+    batch needs (the offsets' copy to the device and their int32 cast).
+    """
+    qv, kv, vv = (_heads_view(x.values) for x in (q, k, v))
+    if backend == "efficient" and qv.shape[1] != kv.shape[1]:
+        # Grouped-query attention: the efficient kernel wants as many key heads as queries.
+        groups = qv.shape[1] // kv.shape[1]
+        kv, vv = kv.repeat_interleave(groups, dim=1), vv.repeat_interleave(groups, dim=1)
+    plan = Plan(backend, q.partition.max_shape[0], k.partition.max_shape[0], float(dropout_p),
+                bool(is_causal), scale)
+    out = VarlenAttention.apply(qv, kv, vv, offsets32(q), offsets32(k), plan)
+    if len(q.feature_shape) == 1:
+        out = out.squeeze(1)
+    packed = Packed.trusted(out, q.partition)
+    return NestedBatch.trusted(packed) if q.ragged_dim == 1 else NestedBatch(packed, q.ragged_dim)
+
+
+def _heads_view(values: Tensor) -> Tensor:
+    # (total, E) samples are one head: (total, 1, E), a view.
+    return values.unsqueeze(1) if values.dim() == 2 else values
+
+
+def offsets32(batch: NestedBatch) -> Tensor:
+    """The batch's offsets as int32 (the kernels' ``cu_seqlens``), cast once per partition."""
+    return batch.partition.offsets32
