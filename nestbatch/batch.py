@@ -370,14 +370,16 @@ class NestedBatch(TensorMethods):
         return kind in self._cache
 
     def packed(self) -> Packed:
-        """The batch as :class:`~nestbatch.layouts.Packed` (converted once, then cached).
+        """The batch as :class:`~nestbatch.layouts.Packed` (converted once, then cached; see
+        :meth:`_keep` for conversions autograd records).
 
         In stored order: the ragged dim is first in every sample whatever :attr:`ragged_dim`
         is, and the feature dims are the other logical dims in order.
         """
-        if Layout.PACKED not in self._cache:
-            self._cache[Layout.PACKED] = convert.to_packed(self._best_source(Layout.PACKED))
-        return self._cache[Layout.PACKED]
+        cached = self._cache.get(Layout.PACKED)
+        if cached is None:
+            cached = self._keep(Layout.PACKED, convert.to_packed(self._best_source(Layout.PACKED)))
+        return cached
 
     def padded(
         self,
@@ -409,16 +411,33 @@ class NestedBatch(TensorMethods):
                     return layout
             padding_value = 0.0
         key = (Layout.PADDED, padding_value)
-        if key not in self._cache:
+        cached = self._cache.get(key)
+        if cached is None:
             source = self._best_source(Layout.PADDED)
-            self._cache[key] = convert.to_padded(source, padding_value)
-        return self._cache[key]
+            cached = self._keep(key, convert.to_padded(source, padding_value))
+        return cached
 
     def tensor_list(self) -> TensorList:
         """The batch as :class:`~nestbatch.layouts.TensorList` (converted once, then cached)."""
-        if Layout.LIST not in self._cache:
-            self._cache[Layout.LIST] = convert.to_list(self._best_source(Layout.LIST))
-        return self._cache[Layout.LIST]
+        cached = self._cache.get(Layout.LIST)
+        if cached is None:
+            cached = self._keep(Layout.LIST, convert.to_list(self._best_source(Layout.LIST)))
+        return cached
+
+    def _keep(self, key: Any, layout: RaggedLayout) -> RaggedLayout:
+        """Cache ``layout`` unless it is part of an autograd graph, and return it.
+
+        A conversion recorded by autograd is not reused: the graph's saved tensors are freed
+        by the first ``backward()``, so a second use of a cached one would fail; each use makes
+        its own conversion instead, as each torch op builds its own node. (Under ``no_grad``,
+        or from data that needs no gradient, conversions are cached.)
+        """
+        tensors = (layout.values,) if isinstance(layout, Packed) else (
+            (layout.data,) if isinstance(layout, Padded) else layout.tensors
+        )
+        if not any(t.grad_fn is not None for t in tensors):
+            self._cache[key] = layout
+        return layout
 
     def tolist(self) -> list[Tensor]:
         """The samples as a list of tensors (views into the stored data where possible).

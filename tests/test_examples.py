@@ -14,6 +14,7 @@ EXAMPLES = {
     "nlp_pipeline.py": "tagging loss",
     "pointcloud_pipeline.py": "per-cloud features: (5, 32)",
     "handover.py": "empty scene state is zero: True",
+    "transformer_encoder.py": "matches the per-sentence block: True",
 }
 
 

@@ -267,3 +267,30 @@ def test_conversion_references_on_offsets():
         return reference.padded_to_packed(reference.packed_to_padded(v, offsets, 4, 0), offsets, 5)
 
     assert torch.autograd.gradcheck(round_trip, (values,))
+
+
+# ------------------------------------------------------------------------ autograd and caches
+@pytest.mark.parametrize("op", [
+    lambda b: F.scaled_dot_product_attention(b, b, b).values,
+    lambda b: b.padded().data,
+    lambda b: torch.softmax(b, dim=1).values,
+])
+def test_a_batch_with_grad_runs_and_backpropagates_twice(op):
+    # Conversions autograd records are not cached (their saved tensors die with the first
+    # backward), so a second forward on the same batch builds its own graph.
+    values = torch.randn(10, 2, 4, dtype=torch.float64, requires_grad=True)
+    batch = NestedBatch.from_lengths(values, [4, 6])
+    for _ in range(2):
+        op(batch).sum().backward()
+    first = values.grad.clone()
+    values.grad = None
+    op(batch).sum().backward()
+    torch.testing.assert_close(first, 2 * values.grad)
+
+
+def test_conversions_without_grad_are_cached():
+    batch = NestedBatch.from_lengths(torch.randn(10, 2), [4, 6])
+    assert batch.padded() is batch.padded()
+    with torch.no_grad():
+        graded = NestedBatch.from_lengths(torch.randn(10, 2, requires_grad=True), [4, 6])
+        assert graded.padded() is graded.padded()

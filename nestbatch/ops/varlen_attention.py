@@ -179,6 +179,7 @@ class VarlenAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor,
                 plan: Plan) -> Tensor:
+        """:func:`varlen_forward`, saving what :func:`varlen_backward` needs."""
         out, saved = varlen_forward(plan, q, k, v, cu_q, cu_k)
         ctx.save_for_backward(q, k, v, out, cu_q, cu_k, *saved)
         ctx.plan = plan
@@ -186,6 +187,7 @@ class VarlenAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
+        """:func:`varlen_backward` for ``q``, ``k``, ``v``."""
         q, k, v, out, cu_q, cu_k, *saved = ctx.saved_tensors
         dq, dk, dv = varlen_backward(ctx.plan, grad.contiguous(), q, k, v, out, cu_q, cu_k,
                                      tuple(saved))
