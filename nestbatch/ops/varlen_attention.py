@@ -218,8 +218,10 @@ def varlen_attention(backend: str, q: NestedBatch, k: NestedBatch, v: NestedBatc
 
 
 def _heads_view(values: Tensor) -> Tensor:
-    # (total, E) samples are one head: (total, 1, E), a view.
-    return values.unsqueeze(1) if values.dim() == 2 else values
+    # (total, E) samples are one head: (total, 1, E), a view. The kernels read the head dim
+    # contiguously; a strided slice (a fused QKV split, say) is copied once.
+    values = values.unsqueeze(1) if values.dim() == 2 else values
+    return values if values.stride(-1) == 1 else values.contiguous()
 
 
 def offsets32(batch: NestedBatch) -> Tensor:
