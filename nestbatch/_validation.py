@@ -71,18 +71,7 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
 
 
 def host_sizes(value: object, name: str) -> tuple[int, ...]:
-    """A Python sequence of sizes as a tuple of non-negative ints, checked on the host.
-
-    Integers (Python ints, NumPy integers, 0-d integer tensors on the CPU) are accepted; floats,
-    bools and strings are refused rather than truncated or read character by character.
-
-    Raises
-    ------
-    TypeError
-        If ``value`` is not a sequence of integers.
-    ValueError
-        If a size is negative.
-    """
+    """:func:`host_ints`, all non-negative (``ValueError`` naming the first negative one)."""
     sizes = host_ints(value, name)
     if sizes and min(sizes) < 0:
         raise ValueError(f"{name} must be non-negative, got {min(sizes)} in {list(sizes)}")
