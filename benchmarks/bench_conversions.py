@@ -43,6 +43,23 @@ from nestbatch.kernels import host_memory  # noqa: E402
 SIZES = [(8, 128, 64), (64, 256, 128), (64, 1024, 256), (256, 1024, 256), (1024, 65536, 1)]
 
 
+def aten_padded_to_jagged(padded, offsets, total: int):
+    """``aten._padded_dense_to_jagged_forward`` as torch.nested calls it: with a feature dim.
+
+    On CUDA the op needs 3-D padded data (given 2-D ``(1024, 4096)`` it asked for 48 GiB);
+    torch.nested unsqueezes scalar samples first, and so does this.
+    """
+    out = torch.ops.aten._padded_dense_to_jagged_forward(
+        *aten_padded_to_jagged_args(padded, offsets, total)
+    )
+    return out.squeeze(-1) if padded.dim() == 2 else out
+
+
+def aten_padded_to_jagged_args(padded, offsets, total: int) -> tuple:
+    """The arguments :func:`aten_padded_to_jagged` gives the aten op (3-D padded data)."""
+    return (padded.unsqueeze(-1) if padded.dim() == 2 else padded, [offsets], total)
+
+
 def make_case(batch: int, max_len: int, feature: int, device: str):
     gen = torch.Generator().manual_seed(batch * max_len)
     lengths = torch.randint(max_len // 2, max_len + 1, (batch,), generator=gen)
@@ -115,9 +132,7 @@ def bench_size(batch, max_len, feature, device, warmup, repeat):
         "nestbatch, out= a reused buffer": lambda: kernels.padded_to_packed(
             padded, offsets, total, out=packed_buffer
         ),
-        "torch.nested (aten jagged)": lambda: torch.ops.aten._padded_dense_to_jagged_forward(
-            padded, [offsets], total
-        ),
+        "torch.nested (aten jagged)": lambda: aten_padded_to_jagged(padded, offsets, total),
         "padded[mask]": lambda: padded[mask],
         "per-sample loop": loop_to_packed,
     }
@@ -150,15 +165,13 @@ def main() -> None:
     if sync_for(device):
         kernels.load_extension()
     print(f"device={device} torch={torch.__version__} kernels: {kernels.extension_status()}")
-    rows = []
-    for size in SIZES:
-        rows.extend(bench_size(*size, device, warmup, repeat))
-    print_table(
-        ["size", "direction", "method", "median ms", "x nestbatch", "GB/s", "% of copy_",
-         "% of clone"],
-        rows,
-        title="packed <-> padded (float32; 'x nestbatch' > 1 means slower than nestbatch)",
-    )
+    for size in SIZES:  # each size's table as soon as it is measured
+        print_table(
+            ["size", "direction", "method", "median ms", "x nestbatch", "GB/s", "% of copy_",
+             "% of clone"],
+            bench_size(*size, device, warmup, repeat),
+            title="packed <-> padded (float32; 'x nestbatch' > 1 means slower than nestbatch)",
+        )
 
 
 if __name__ == "__main__":

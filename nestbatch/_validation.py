@@ -7,14 +7,16 @@ device, which is why constructors take ``validate=False`` for trusted input.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from nestbatch.kernels.fillers import check_filler
 from nestbatch.kernels.reference import sizes_mask
+
+__all__ = ["check_filler"]  # re-exported: the check lives with the kernels, a leaf
 
 
 def check_tensor(value: object, name: str) -> Tensor:
@@ -76,51 +78,6 @@ def host_sizes(value: object, name: str) -> tuple[int, ...]:
     if sizes and min(sizes) < 0:
         raise ValueError(f"{name} must be non-negative, got {min(sizes)} in {list(sizes)}")
     return sizes
-
-
-def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value") -> object:
-    """``value`` if a tensor of ``dtype`` can hold it exactly, as torch's fill would store it.
-
-    Numbers only (a 0-d host tensor is read); integer dtypes take integral values in their range
-    (``0.0`` is fine, ``2.5`` or ``-1`` for ``uint8`` is not), bool takes 0 and 1, floating
-    dtypes take anything their range holds (infinities and nan included).
-
-    Raises
-    ------
-    TypeError
-        For something that is not a number.
-    ValueError
-        For a number the dtype cannot hold, naming ``name``, the dtype and the value.
-    """
-    if isinstance(value, Tensor) and value.numel() == 1 and value.is_cpu:
-        value = value.item()
-    if not isinstance(value, int | float | complex):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    key = (type(value), value, dtype)
-    if key in _FILLERS_SEEN:
-        return value
-    if dtype.is_complex:
-        pass
-    elif isinstance(value, complex):
-        raise ValueError(f"{name}={value!r} is complex; a {dtype} tensor cannot hold it")
-    elif dtype.is_floating_point:
-        largest = torch.finfo(dtype).max
-        if math.isfinite(value) and abs(value) > largest:
-            raise ValueError(f"{name}={value!r} overflows {dtype} (largest {largest})")
-    else:
-        info = None if dtype == torch.bool else torch.iinfo(dtype)
-        low, high = (0, 1) if info is None else (info.min, info.max)
-        integral = isinstance(value, int) or (math.isfinite(value) and float(value).is_integer())
-        if not integral or not low <= value <= high:
-            raise ValueError(
-                f"{name}={value!r} cannot be held by a {dtype} tensor (integers in [{low}, {high}])"
-            )
-    if len(_FILLERS_SEEN) < 256:
-        _FILLERS_SEEN.add(key)
-    return value
-
-
-_FILLERS_SEEN: set = set()
 
 
 def check_count(value: object, name: str) -> int:

@@ -5,6 +5,7 @@
 # Usage: scripts/check_cuda_sources.sh [python]      (default: .venv/bin/python, else python3)
 # Env:   NVCC (default: nvcc on PATH, else $CUDA_HOME/bin/nvcc), CUDA_ARCH (default: 90).
 # Exit:  0 all sources compile, 1 a compile error, 77 no nvcc (skip).
+# Prints the registers (and spills) ptxas reports for every kernel instantiation.
 #
 # CPU wheels of PyTorch ship the c10/cuda and ATen/cuda headers but not the one header that the
 # CUDA build generates, c10/cuda/impl/cuda_cmake_macros.h; when it is missing, a temporary copy
@@ -45,7 +46,7 @@ pids=()
 names=()
 for source in csrc/*.cu; do
   name="$(basename "$source" .cu)"
-  "$NVCC" -std=c++20 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC \
+  "$NVCC" -std=c++20 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -Xptxas -v \
     -gencode "arch=compute_${ARCH},code=sm_${ARCH}" "${INCLUDES[@]}" "${DEFINES[@]}" \
     -c "$source" -o "$WORK/$name.o" > "$WORK/$name.log" 2>&1 &
   pids+=($!)
@@ -63,6 +64,8 @@ status=0
 for i in "${!pids[@]}"; do
   if wait "${pids[$i]}"; then
     echo "ok      ${names[$i]}"
+    log="$WORK/$(basename "${names[$i]}" | sed 's/\.cu$//; s/\.cpp$//').log"
+    "$PYTHON" scripts/ptxas_registers.py "$log"
   else
     status=1
     echo "FAILED  ${names[$i]}"

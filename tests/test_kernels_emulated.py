@@ -1307,3 +1307,11 @@ def test_mismatched_shapes_raise_like_the_reference(kern, name, op, args):
         reference(*args)
     with pytest.raises(RuntimeError, match=op):
         getattr(kern, op)(*args)
+
+
+def test_emulation_refuses_a_cuda_build_of_torch(monkeypatch):
+    # Its stand-ins for at::cuda clash with a CUDA build's (crashes seen on an H100 machine):
+    # there it skips, with the reason, and the real kernels run in the tests marked cuda.
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(build.EmulationUnavailable, match="CPU-only torch"):
+        build.load()

@@ -28,6 +28,7 @@ from nestbatch.kernels import cpu as _cpu
 from nestbatch.kernels import operators as _operators  # registers nestbatch::*
 from nestbatch.kernels import reference as _reference
 from nestbatch.kernels.extension import extension_status, load_extension
+from nestbatch.kernels.fillers import check_filler
 
 __all__ = [
     "bool_compaction",
@@ -93,13 +94,11 @@ def _count(name: str, value: object) -> int:
     return count
 
 
-def _filler(name: str, value: object) -> int | float | bool:
+def _filler(name: str, value: object, dtype: torch.dtype) -> int | float | bool:
     if isinstance(value, Tensor) and value.numel() == 1:
         # A 0-d tensor filler is read on the host (one sync if it lives on the device).
-        return value.item()
-    if not isinstance(value, int | float | bool):
-        raise TypeError(f"{name} must be a Python int, float or bool, got {type(value).__name__}")
-    return value
+        value = value.item()
+    return check_filler(value, dtype, name)
 
 
 def _same_device(reference: Tensor, **others: Tensor) -> None:
@@ -224,7 +223,7 @@ def packed_to_padded(
         raise ValueError("offsets must have shape (B + 1,), got an empty tensor")
     _same_device(values, offsets=offsets)
     max_len = _count("max_len", max_len)
-    filler = _filler("padding_value", padding_value)
+    filler = _filler("padding_value", padding_value, values.dtype)
     if out is None:
         return _run("packed_to_padded", values, offsets, max_len, filler)
     _check_out(out, (offsets.shape[0] - 1, max_len, *values.shape[1:]), values)
@@ -293,7 +292,7 @@ def fill_padding(data: Tensor, sizes: Tensor, value: float) -> Tensor:
     if sizes.shape[0] != data.shape[0]:
         raise ValueError(f"sizes must have shape ({data.shape[0]},), got {tuple(sizes.shape)}")
     _same_device(data, sizes=sizes)
-    return _run("fill_padding", data, sizes, _filler("value", value))
+    return _run("fill_padding", data, sizes, _filler("value", value, data.dtype))
 
 
 # ------------------------------------------------------------------------------------ indexing
@@ -329,7 +328,8 @@ def indexing_access(
     indices, sizes = _index_args(data, indices, sizes)
     if check_bounds:
         _check_bounds("indices", indices, sizes, data.shape[1])
-    return _run("indexing_access", data, indices, sizes, _filler("filler_value", filler_value))
+    filler = _filler("filler_value", filler_value, data.dtype)
+    return _run("indexing_access", data, indices, sizes, filler)
 
 
 def indexing_write(
@@ -410,7 +410,7 @@ def inverse_indexing_access(
     num_targets = _count("num_targets", num_targets)
     if check_bounds:
         _check_bounds("indices", indices, sizes, num_targets)
-    filler = _filler("filler_value", filler_value)
+    filler = _filler("filler_value", filler_value, data.dtype)
     return _run("inverse_indexing_access", data, indices, sizes, num_targets, filler)
 
 

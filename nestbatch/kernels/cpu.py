@@ -79,8 +79,19 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
         _applies(data, offsets)
         and data.dtype in _ATEN_JAGGED_DTYPES
         and offsets.dtype in _OFFSET_DTYPES
-        and (type(filler) is float or float(filler) == filler)
+        and _held_exactly(filler, data.dtype)
     )
+
+
+def _held_exactly(filler: Number, dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` holds ``filler`` as given (aten's kernels would convert it silently;
+    elsewhere the reference path raises torch's error for a filler out of range)."""
+    if dtype.is_floating_point:
+        return type(filler) is float or float(filler) == filler
+    if isinstance(filler, float) and not filler.is_integer():
+        return False
+    low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    return low <= filler <= high
 
 
 def _applies(data: Tensor, index: Tensor) -> bool:

@@ -487,6 +487,14 @@ def load() -> Path:
     """
     if sys.platform != "linux":
         raise EmulationUnavailable(f"the emulation runs on Linux only, not {sys.platform}")
+    if torch.version.cuda is not None:
+        # Its stand-ins for at::cuda's device queries clash with the real ones a CUDA build of
+        # torch loads (the workers crashed in state() on an H100 machine); there the real
+        # kernels run instead, in the tests marked cuda.
+        raise EmulationUnavailable(
+            f"the emulation needs a CPU-only torch (this one is built with CUDA "
+            f"{torch.version.cuda}); the CUDA kernels themselves run in the tests marked cuda"
+        )
     compiler = _compiler()
     if compiler is None:
         raise EmulationUnavailable(f"no C++ compiler ({os.environ.get('CXX', 'c++')}) found")
