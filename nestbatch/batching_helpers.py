@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from . import kernels
-from ._validation import check_filler, read_device_values
+from ._validation import read_device_values
 from .kernels.reference import sizes_mask
 from .ragged_batch import RaggedBatch, from_canonical, to_canonical
 
@@ -431,8 +431,7 @@ def batched_indexing_access(
     (resolved,) = _resolve_indices(
         [_RangeCheck(flat, sizes, data.bound, "input_indices", "input_data")], check_bounds
     )
-    filler = check_filler(filler_value, data.canonical.dtype, "filler_value")
-    out = kernels.call("indexing_access", data.canonical, resolved, sizes, filler)
+    out = kernels.call("indexing_access", data.canonical, resolved, sizes, filler_value)
     tensor = from_canonical(out, indices.batch_shape, data.dim)
     return indices.create_with_sample_sizes_like_self(tensor, non_uniform_dim=data.dim)
 
@@ -556,9 +555,9 @@ def batched_inverse_indexing_access(
         [_RangeCheck(flat, sizes, output_num_targets, "output_indices", "the output")],
         check_bounds,
     )
-    filler = check_filler(filler_value, values.canonical.dtype, "filler_value")
     out = kernels.call(
-        "inverse_indexing_access", values.canonical, resolved, sizes, output_num_targets, filler
+        "inverse_indexing_access", values.canonical, resolved, sizes, output_num_targets,
+        filler_value,
     )
     return from_canonical(out, indices.batch_shape, values.dim)
 

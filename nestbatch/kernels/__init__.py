@@ -28,7 +28,6 @@ from nestbatch.kernels import cpu as _cpu
 from nestbatch.kernels import operators as _operators  # registers nestbatch::*
 from nestbatch.kernels import reference as _reference
 from nestbatch.kernels.extension import extension_status, load_extension
-from nestbatch.kernels.fillers import check_filler
 
 __all__ = [
     "bool_compaction",
@@ -95,10 +94,14 @@ def _count(name: str, value: object) -> int:
 
 
 def _filler(name: str, value: object, dtype: torch.dtype) -> int | float | bool:
+    # Cast to ``dtype`` as torch's fills do (5 is True for bool); not a number is an error.
+    # (The front object's conversions refuse what the dtype cannot hold exactly.)
     if isinstance(value, Tensor) and value.numel() == 1:
         # A 0-d tensor filler is read on the host (one sync if it lives on the device).
-        value = value.item()
-    return check_filler(value, dtype, name)
+        return value.item()
+    if not isinstance(value, int | float | bool):
+        raise TypeError(f"{name} must be a Python int, float or bool, got {type(value).__name__}")
+    return value
 
 
 def _same_device(reference: Tensor, **others: Tensor) -> None:
