@@ -206,6 +206,7 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
         data = padded.data.index_select(0, index.to(padded.data.device))
         return NestedBatch(Padded(data, partition=partition, padding_value=padded.padding_value))
     old = batch.partition
+    # Host shapes carried over: ``index`` is a host tensor, so reading it is no sync.
     starts = [old.host_offsets[i] for i in index.tolist()]
     rows = host_row_index(starts, partition.host_lengths)
     values = gather_rows(batch.packed().values, rows)

@@ -101,7 +101,7 @@ def _blocks_pay_off(values: Tensor, offsets: Tensor) -> bool:
 def _pad_blocks(values: Tensor, offsets: Tensor, max_len: int, padding_value: Number) -> Tensor:
     # pad_sequence copies the blocks in one C++ loop; extra length (kaolin's max_shape) is
     # padded on after, and samples longer than max_len are cut (the operators' contract).
-    bounds = offsets.tolist()
+    bounds = offsets.tolist()  # host offsets (see _blocks_pay_off): no sync
     blocks = [values[a:max(a, min(b, a + max_len))] for a, b in zip(bounds, bounds[1:])]
     out = pad_sequence(blocks, batch_first=True, padding_value=padding_value)
     if out.shape[1] < max_len:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from nestbatch.batch import NestedBatch
 from nestbatch.ops.common import fill_value_for
@@ -115,11 +116,21 @@ def _scatter_is_faster(values: Tensor, batch: NestedBatch, reduce: str) -> bool:
     rows but 3x slower with segments of 16; forward + backward, 0.9-2.3x (1.2x typical). On
     CUDA its CSR kernels are used for all of them.
     """
-    if not scatter_available():
-        return False
-    if values.is_cuda or reduce in ("sum", "mean"):
+    if not scatter_available() or isinstance(values, FakeTensor) or torch.compiler.is_compiling():
+        return False  # its ops have no fake kernels: torch's trace and count
+    if values.is_cuda:
+        return _scatter_has_cuda()
+    if reduce in ("sum", "mean"):
         return True
     return values.shape[0] >= 32 * max(batch.batch_size, 1)
+
+
+@functools.cache
+def _scatter_has_cuda() -> bool:
+    """Whether the installed torch-scatter was built with CUDA kernels (looked up once)."""
+    import torch_scatter  # noqa: F401  (registers its ops)
+
+    return torch.ops.torch_scatter.cuda_version() != -1
 
 
 def _torch_segment(values: Tensor, offsets: Tensor, reduce: str) -> Tensor:
