@@ -120,9 +120,16 @@ def _scatter_is_faster(values: Tensor, batch: NestedBatch, reduce: str) -> bool:
         return False  # its ops have no fake kernels: torch's trace and count
     if values.is_cuda:
         return _scatter_has_cuda()
+    if values.numel() < SCATTER_MIN_ELEMENTS:
+        return False  # its Python wrapper costs more than the whole reduction
     if reduce in ("sum", "mean"):
         return True
     return values.shape[0] >= 32 * max(batch.batch_size, 1)
+
+
+#: On the CPU, torch-scatter pays off from this many elements: below, its wrapper's fixed cost
+#: (about 15 us more than ``segment_reduce``'s on 2 cores) outweighs its faster loop.
+SCATTER_MIN_ELEMENTS = 1 << 16
 
 
 @functools.cache
