@@ -298,6 +298,12 @@ def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
         data = batch.padded(0.0, max_shape=None).data if s.stop is None else \
             _pad_to_width(batch, width)
         return Padded(data, partition=new, padding_value=0.0)
+    if padded is not None and _is_prefix_slice((s,)) and s.stop is not None:
+        # x[:, :k] of a cached padded layout: new lengths on the host, a view of the data.
+        stop = s.stop
+        lengths = [n if n < stop else stop for n in partition.host_lengths]
+        return _narrow_padded(padded, RowPartition.from_host_lengths(lengths, partition.device),
+                              (s,))
     bounds = [s.indices(n) for n in partition.host_lengths]
     lengths = [len(range(*b)) for b in bounds]
     new = RowPartition.from_host_lengths(lengths, partition.device)
