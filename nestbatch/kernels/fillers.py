@@ -29,11 +29,12 @@ def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value")
     key = (type(value), value, dtype)
     if key in _FILLERS_SEEN:
         return value
-    if dtype.is_complex:
-        pass
-    elif isinstance(value, complex):
+    if isinstance(value, complex) and not dtype.is_complex:
         raise ValueError(f"{name}={value!r} is complex; a {dtype} tensor cannot hold it")
-    elif dtype.is_floating_point:
+    if dtype.is_complex:
+        _remember(key)  # a complex tensor holds every number
+        return value
+    if dtype.is_floating_point:
         largest = torch.finfo(dtype).max
         if math.isfinite(value) and abs(value) > largest:
             raise ValueError(f"{name}={value!r} overflows {dtype} (largest {largest})")
@@ -45,9 +46,14 @@ def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value")
             raise ValueError(
                 f"{name}={value!r} cannot be held by a {dtype} tensor (integers in [{low}, {high}])"
             )
-    if len(_FILLERS_SEEN) < 256:
-        _FILLERS_SEEN.add(key)
+    _remember(key)
     return value
 
 
 _FILLERS_SEEN: set = set()
+
+
+def _remember(key: tuple) -> None:
+    # A few hundred (type, value, dtype) triples: the fillers a program uses, checked once.
+    if len(_FILLERS_SEEN) < 256:
+        _FILLERS_SEEN.add(key)
