@@ -204,7 +204,8 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
         padded = batch.padded(None)  # a device index: gather whole padded rows, no size read
     if padded is not None:
         data = padded.data.index_select(0, index.to(padded.data.device))
-        return NestedBatch(Padded(data, partition=partition, padding_value=padded.padding_value))
+        return NestedBatch.trusted(Padded.trusted(data, partition.to(data.device),
+                                                  padded.padding_value))
     old = batch.partition
     # Host shapes carried over: ``index`` is a host tensor, so reading it is no sync.
     starts = [old.host_offsets[i] for i in index.tolist()]
