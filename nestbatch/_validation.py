@@ -13,10 +13,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nestbatch.kernels.fillers import check_filler
+from nestbatch.kernels.arguments import check_count, check_filler
 from nestbatch.kernels.reference import sizes_mask
 
-__all__ = ["check_filler"]  # re-exported: the check lives with the kernels, a leaf
+# Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
+__all__ = ["check_count", "check_filler"]
 
 
 def check_tensor(value: object, name: str) -> Tensor:
@@ -78,20 +79,6 @@ def host_sizes(value: object, name: str) -> tuple[int, ...]:
     if sizes and min(sizes) < 0:
         raise ValueError(f"{name} must be non-negative, got {min(sizes)} in {list(sizes)}")
     return sizes
-
-
-def check_count(value: object, name: str) -> int:
-    """A non-negative Python int (NumPy integers and 0-d integer tensors too; not bools,
-    floats or strings)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got a bool ({value})")
-    try:
-        count = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})") from None
-    if count < 0:
-        raise ValueError(f"{name} must be non-negative, got {count}")
-    return count
 
 
 def read_device_values(values: Tensor) -> list:

@@ -19,7 +19,6 @@ from nestbatch._validation import (
     as_index_tensor,
     as_offsets,
     check_count,
-    check_filler,
     check_host_offsets,
     check_offsets_on_device,
     check_prefix_mask,
@@ -400,8 +399,6 @@ class NestedBatch(TensorMethods):
             Pad the ragged dims to this size instead of the largest sample's (kaolin's
             ``max_shape``; ``None`` / -1 entries mean the maximum). Not cached.
         """
-        if padding_value is not None:
-            check_filler(padding_value, self.dtype)
         if max_shape is not None:
             source = self._best_source(Layout.PACKED)
             return convert.to_padded(source, padding_value or 0, max_shape)
@@ -944,6 +941,7 @@ def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -
     stats = torch.stack([lengths.amin(), lengths.amax(), lengths.sum()])
     smallest, longest, total = read_device_values(stats)
     if smallest < 0:
+        # The error path reads the lengths themselves, to show them.
         raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
     _check_host_lengths((total,), num_rows, None)
     if max_len is not None and longest > max_len:

@@ -27,6 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from nestbatch.kernels import cpu as _cpu
 from nestbatch.kernels import operators as _operators  # registers nestbatch::*
 from nestbatch.kernels import reference as _reference
+from nestbatch.kernels.arguments import check_count
 from nestbatch.kernels.extension import extension_status, load_extension
 
 __all__ = [
@@ -84,13 +85,7 @@ def _integer_tensor(name: str, value: object, dim: int) -> Tensor:
 
 
 def _count(name: str, value: object) -> int:
-    try:
-        count = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if count < 0:
-        raise ValueError(f"{name} must be non-negative, got {count}")
-    return count
+    return check_count(value, name)
 
 
 def _filler(name: str, value: object, dtype: torch.dtype) -> int | float | bool:

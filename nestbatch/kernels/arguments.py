@@ -1,8 +1,10 @@
-"""Fillers a dtype can hold: the one check of every ``padding_value`` / ``filler_value``."""
+"""Argument checks shared by the kernels' functions and the layers above (this is a leaf):
+counts (``max_len``, ``total``, ...) and the fillers a dtype can hold."""
 
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 from torch import Tensor
@@ -57,3 +59,17 @@ def _remember(key: tuple) -> None:
     # A few hundred (type, value, dtype) triples: the fillers a program uses, checked once.
     if len(_FILLERS_SEEN) < 256:
         _FILLERS_SEEN.add(key)
+
+
+def check_count(value: object, name: str) -> int:
+    """A non-negative Python int (NumPy integers and 0-d integer tensors too; not bools,
+    floats or strings)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got a bool ({value})")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})") from None
+    if count < 0:
+        raise ValueError(f"{name} must be non-negative, got {count}")
+    return count
