@@ -18,7 +18,6 @@ result needs it: the bounds check of ``check_bounds=True`` (one flag per call; p
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
