@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import nestbatch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import nestbatch  # noqa: E402
 
 
 def median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:

@@ -42,6 +42,9 @@ def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.devi
     return value.to(device=device, dtype=torch.int64)
 
 
+_INT_TYPE = {int}
+
+
 def host_ints(value: object, name: str) -> tuple[int, ...]:
     """A Python sequence of integers as a tuple of ints, checked on the host (any sign).
 
@@ -53,8 +56,8 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
     TypeError
         If ``value`` is not a sequence of integers.
     """
-    if type(value) in (list, tuple) and all(type(n) is int for n in value):
-        return tuple(value)
+    if type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE:
+        return tuple(value)  # the common case, checked at C speed (no loop in Python)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(
             f"{name} must be a sequence of ints or a 1-d integer tensor, got "

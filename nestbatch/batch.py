@@ -156,8 +156,9 @@ class NestedBatch(TensorMethods):
         max_len = None if max_len is None else check_count(max_len, "max_len")
         if not isinstance(lengths, Tensor):
             host = host_sizes(lengths, "lengths")
-            _check_host_lengths(host, values.shape[0], max_len)
-            partition = RowPartition.from_host_lengths(host, values.device, max_len=max_len)
+            longest = _check_host_lengths(host, values.shape[0], max_len)
+            width = longest if max_len is None else max_len
+            partition = RowPartition.from_host_lengths(host, values.device, max_len=width)
             return cls.trusted(Packed.trusted(values, partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
         partition = RowPartition.from_lengths(lengths, max_len=max_len)
@@ -911,7 +912,7 @@ def _padded_with_host_lengths(
             f"lengths has {len(host)} entries but data has shape {tuple(data.shape)} "
             "(expected (B, max_len, *feature) with B == len(lengths))"
         )
-    if any(n > data.shape[1] for n in host):
+    if host and max(host) > data.shape[1]:
         raise ValueError(
             f"lengths do not fit the padded data: largest length {max(host)} exceeds its "
             f"max_len {data.shape[1]}"
@@ -920,7 +921,8 @@ def _padded_with_host_lengths(
     return Padded.trusted(data, partition, padding_value)
 
 
-def _check_host_lengths(host: tuple[int, ...], num_rows: int, max_len: int | None) -> None:
+def _check_host_lengths(host: tuple[int, ...], num_rows: int, max_len: int | None) -> int:
+    """Check host lengths against the values' rows and ``max_len``; returns the longest."""
     total = sum(host)
     if total != num_rows:
         raise ValueError(f"lengths add up to {total} but values has {num_rows} rows")
@@ -930,6 +932,7 @@ def _check_host_lengths(host: tuple[int, ...], num_rows: int, max_len: int | Non
             f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
             "layout would lose data; give the true maximum or leave max_len out"
         )
+    return longest
 
 
 def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -> None:

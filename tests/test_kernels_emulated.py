@@ -130,6 +130,17 @@ def run_row_copy(call: Callable[[], Tensor], unit: int | None, launches: int = 1
     """Run an operator whose last launch is the row copy, and check the vector unit it used
     (``unit=None``: nothing to copy, so no launch may happen). ``launches`` counts the operator's
     launches: 2 for the scatters, whose slots claim their target rows first."""
+    return _run_kernel(call, unit, launches, "row_copy_kernel<Unit, Map>", lambda u: [u, u, u])
+
+
+def run_conversion(call: Callable[[], Tensor], unit: int | None) -> Tensor:
+    """Run a packed <-> padded conversion and check the vector unit of its one launch
+    (``unit=None``: nothing to copy, so no launch may happen)."""
+    # The kernel's pointers: source, destination (both in units), offsets (int64).
+    return _run_kernel(call, unit, 1, "packed_padded_kernel<Unit, kToPadded>", lambda u: [u, u, 8])
+
+
+def _run_kernel(call, unit, launches, kernel, pointees) -> Tensor:
     before = build.state()["launches"]
     out = call()
     state = build.state()
@@ -137,8 +148,8 @@ def run_row_copy(call: Callable[[], Tensor], unit: int | None, launches: int = 1
         assert state["launches"] == before
     else:
         assert state["launches"] == before + launches
-        assert state["last_kernel"] == "row_copy_kernel<Unit, Map>"
-        assert state["last_pointee_bytes"] == [unit, unit, unit]  # src, background, dst
+        assert state["last_kernel"] == kernel
+        assert state["last_pointee_bytes"] == pointees(unit)
     return out
 
 
@@ -300,9 +311,9 @@ def test_conversions_exact(kern, dtype, feature, seed):
         offsets = offsets.int()  # int32 offsets take the host-side widening
     total = values.shape[0]
     unit = expected_unit(row_bytes(values, 1), values)
-    padded = run_row_copy(lambda: kern.packed_to_padded(values, offsets, max_len, 1), unit)
+    padded = run_conversion(lambda: kern.packed_to_padded(values, offsets, max_len, 1), unit)
     assert_same(padded, operators._packed_to_padded_reference(values, offsets, max_len, 1))
-    packed = run_row_copy(
+    packed = run_conversion(
         lambda: kern.padded_to_packed(padded, offsets, total),
         expected_unit(row_bytes(padded, 2), padded) if total else None,
     )
@@ -317,7 +328,7 @@ def test_conversions_exact(kern, dtype, feature, seed):
     # Views starting one element into their memory: the vector unit narrows to fit them.
     moved = shifted(values)
     assert_same(
-        run_row_copy(
+        run_conversion(
             lambda: kern.packed_to_padded(moved, offsets, max_len, 0),
             expected_unit(row_bytes(moved, 1), moved) if total or max_len else None,
         ),
@@ -368,7 +379,7 @@ def test_conversion_edge_cases(kern, dtype, feature):
                     )
     # Zero-size feature rows move nothing, and no launch happens.
     values = torch.zeros(4, 0, dtype=dtype)
-    out = run_row_copy(lambda: kern.packed_to_padded(values, offsets_of([1, 3]), 3, 1), None)
+    out = run_conversion(lambda: kern.packed_to_padded(values, offsets_of([1, 3]), 3, 1), None)
     assert out.shape == (2, 3, 0)
 
 
@@ -926,18 +937,27 @@ def test_grid_stride_loops(kern, sms):
         values = torch.rand(sum(lengths), generator=gen) > 0.5
         max_len = max(lengths) + 1
         padded = kern.packed_to_padded(values, offsets, max_len, True)
-        assert_grid_strides(60 * max_len, 256, cap)
+        assert build.state()["last_grid"] == [1, 60, 1]  # one grid row per sample
         assert_same(padded, operators._packed_to_padded_reference(values, offsets, max_len, True))
         assert_same(kern.padded_to_packed(padded, offsets, values.shape[0]), values)
-        assert_grid_strides(values.shape[0], 256, cap)
         sizes = offsets.diff()
         assert_same(kern.fill_padding(padded, sizes, False), bi.fill_padding(padded, sizes, False))
-        # 256-byte rows: 16 threads per row, 16 rows per block.
-        wide = torch.randn(3000, 64, generator=gen)
-        wide_offsets = offsets_of([1000, 0, 1500, 500])
-        out = kern.packed_to_padded(wide, wide_offsets, 1600, 0.5)
-        assert_grid_strides(4 * 1600, 16, cap)
-        assert_same(out, operators._packed_to_padded_reference(wide, wide_offsets, 1600, 0.5))
+        assert_grid_strides(60 * max_len, 256, cap)
+        # 256-byte rows (16 units): a sample's span of up to 400 * 16 units wants 7 blocks of
+        # 1024 units along x; the grid caps x at 8 waves over the 60 samples, so with one SM
+        # (5 blocks) the blocks stride over their sample.
+        lengths = torch.randint(0, 401, (60,), generator=gen).tolist()
+        wide = torch.randn(sum(lengths), 64, generator=gen)
+        wide_offsets = offsets_of(lengths)
+        for direction in ("to padded", "to packed"):
+            if direction == "to padded":
+                out = kern.packed_to_padded(wide, wide_offsets, 400, 0.5)
+                expected = operators._packed_to_padded_reference(wide, wide_offsets, 400, 0.5)
+            else:
+                out = kern.padded_to_packed(expected, wide_offsets, wide.shape[0])
+                expected = wide
+            assert build.state()["last_grid"] == [min(7, -(-8 * cap // 60)), 60, 1]
+            assert_same(out, expected)
 
         batch = 20 * sms
         data, indices, sizes = index_case(
