@@ -27,7 +27,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -202,34 +202,81 @@ def _bound_view(bound: Tensor | int) -> Tensor | int:
     return bound.unsqueeze(1) if isinstance(bound, Tensor) else bound
 
 
-def _resolve_indices(checks: Sequence[_RangeCheck], check_bounds: bool) -> list[Tensor]:
-    """Range-check the index tensors and resolve negative indices.
+def _call_checked(
+    name: str,
+    checks: Sequence[_RangeCheck],
+    check_bounds: bool,
+    args_for: Callable[[list[Tensor]], tuple],
+) -> Any:
+    """``kernels.call(name, *args_for(indices))`` with the index tensors of ``checks``
+    range-checked and negative indices resolved.
 
-    With ``check_bounds``: one ``aminmax`` per index tensor (over every slot, padding
-    included), one stack, one read of those few numbers (a sync). When every slot is in range
-    nothing else runs, and negative indices are resolved only if the read saw one. Otherwise
+    With ``check_bounds``: one ``aminmax`` per index tensor (over every slot, padding included)
+    into one small tensor, then the operator, then one read of those few numbers (a sync). When
+    the compiled CUDA kernels run, the operator is launched before the read, because they never
+    read or write out of bounds whatever the indices: the one sync then waits for the check and
+    the operator together. (Elsewhere the read comes first.)
+    When every slot is in ``[0, bound)`` (the common case) that result is returned. Otherwise
     the valid slots alone are checked (more reads; padding slots may hold anything), raising
-    ``IndexError`` for the first bad one.
+    ``IndexError`` for the first bad one, and an operator call with the negative indices
+    resolved replaces the first.
 
-    Without ``check_bounds``: no device work; the indices must be in ``[0, bound)``.
+    Without ``check_bounds``: no device work but the operator; the indices must be in
+    ``[0, bound)``.
     """
+    indices = [c.indices for c in checks]
     if not check_bounds:
-        return [c.indices for c in checks]
+        return kernels.call(name, *args_for(indices))
+    stats = _range_stats(checks)
+    args = args_for(indices)
+    if not kernels.runs_compiled(args):
+        # The PyTorch implementations may raise (or assert on a GPU) for a bad index: check
+        # first. On the CPU the read costs no sync.
+        resolved = _read_range_check(checks, stats)
+        return kernels.call(name, *(args if resolved is None else args_for(resolved)))
+    out = kernels.call(name, *args)
+    resolved = _read_range_check(checks, stats)
+    return out if resolved is None else kernels.call(name, *args_for(resolved))
+
+
+def _range_stats(checks: Sequence[_RangeCheck]) -> Tensor | None:
+    """``[min, max(, smallest bound)]`` of every non-empty index tensor, in one device tensor."""
     live = [c for c in checks if c.indices.numel()]
-    stats: list[Tensor] = []
+    if not live:
+        return None
+    dtypes = {c.indices.dtype for c in live}
+    if len(dtypes) == 1 and not any(isinstance(c.bound, Tensor) for c in live):
+        # Written in place: no op to gather the numbers into one tensor for the read.
+        stats = live[0].indices.new_empty(2 * len(live))
+        for i, c in enumerate(live):
+            torch.aminmax(c.indices, out=(stats[2 * i], stats[2 * i + 1]))
+        return stats
+    parts: list[Tensor] = []
     for c in live:
-        stats.extend(torch.aminmax(c.indices))
+        parts.extend(t.long() for t in torch.aminmax(c.indices))
         if isinstance(c.bound, Tensor):
-            stats.append(c.bound.amin())
-    values = iter(read_device_values(torch.stack(stats)) if stats else [])
+            parts.append(c.bound.amin().long())
+    return torch.stack(parts)
+
+
+def _read_range_check(
+    checks: Sequence[_RangeCheck], stats: Tensor | None
+) -> list[Tensor] | None:
+    """Read ``stats`` (one sync) and raise for an out-of-range valid slot; the index tensors
+    with negative indices resolved, or ``None`` when none was negative."""
+    if stats is None:
+        return None
+    values = iter(read_device_values(stats))
     negative: set[int] = set()
-    for c in live:
+    for c in (c for c in checks if c.indices.numel()):
         low, high = next(values), next(values)
         bound = next(values) if isinstance(c.bound, Tensor) else c.bound
         if not (-bound <= low and high < bound):
             low = _check_valid_slots(c)
         if low < 0:
             negative.add(id(c))
+    if not negative:
+        return None
     return [
         torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices)
         if id(c) in negative else c.indices
@@ -239,7 +286,7 @@ def _resolve_indices(checks: Sequence[_RangeCheck], check_bounds: bool) -> list[
 
 def _check_valid_slots(check: _RangeCheck) -> int:
     """Raise ``IndexError`` for the first valid slot out of range; else the smallest valid
-    index. Reads the device (the slow path of :func:`_resolve_indices`)."""
+    index. Reads the device (the slow path of :func:`_call_checked`)."""
     valid = _slot_validity(check.sizes, check.indices.shape[1])
     bound = _bound_view(check.bound)
     bad = valid & ((check.indices >= bound) | (check.indices < -bound))
@@ -428,10 +475,12 @@ def batched_indexing_access(
     dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
     data = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
     flat, sizes = _index_slots(indices)
-    (resolved,) = _resolve_indices(
-        [_RangeCheck(flat, sizes, data.bound, "input_indices", "input_data")], check_bounds
+    out = _call_checked(
+        "indexing_access",
+        [_RangeCheck(flat, sizes, data.bound, "input_indices", "input_data")],
+        check_bounds,
+        lambda idx: (data.canonical, idx[0], sizes, filler_value),
     )
-    out = kernels.call("indexing_access", data.canonical, resolved, sizes, filler_value)
     tensor = from_canonical(out, indices.batch_shape, data.dim)
     return indices.create_with_sample_sizes_like_self(tensor, non_uniform_dim=data.dim)
 
@@ -494,10 +543,12 @@ def batched_indexing_write(
     _check_rest("to_write", values, "to_write_into", into)
     _check_write_width("to_write", values, indices.max_sample_size)
     flat, sizes = _index_slots(indices)
-    (resolved,) = _resolve_indices(
-        [_RangeCheck(flat, sizes, into.bound, "output_indices", "to_write_into")], check_bounds
+    out = _call_checked(
+        "indexing_write",
+        [_RangeCheck(flat, sizes, into.bound, "output_indices", "to_write_into")],
+        check_bounds,
+        lambda idx: (values.canonical, idx[0], sizes, into.canonical),
     )
-    out = kernels.call("indexing_write", values.canonical, resolved, sizes, into.canonical)
     return _wrap_like(into, out, indices.batch_shape)
 
 
@@ -551,13 +602,11 @@ def batched_inverse_indexing_access(
     values = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
     _check_write_width("input_data", values, indices.max_sample_size)
     flat, sizes = _index_slots(indices)
-    (resolved,) = _resolve_indices(
+    out = _call_checked(
+        "inverse_indexing_access",
         [_RangeCheck(flat, sizes, output_num_targets, "output_indices", "the output")],
         check_bounds,
-    )
-    out = kernels.call(
-        "inverse_indexing_access", values.canonical, resolved, sizes, output_num_targets,
-        filler_value,
+        lambda idx: (values.canonical, idx[0], sizes, output_num_targets, filler_value),
     )
     return from_canonical(out, indices.batch_shape, values.dim)
 
@@ -627,14 +676,15 @@ def batched_index_mapping(
     # A pair is valid where both index batches are; one sizes tensor needs no minimum.
     sizes = s_sizes if src_idx.sample_sizes is tgt_idx.sample_sizes else \
         torch.minimum(s_sizes, t_sizes)
-    s_res, t_res = _resolve_indices(
+    out = _call_checked(
+        "index_mapping",
         [
             _RangeCheck(s_flat[:, :width], sizes, source.bound, "source_indices", "source_data"),
             _RangeCheck(t_flat[:, :width], sizes, target.bound, "target_indices", "target_data"),
         ],
         check_bounds,
+        lambda idx: (source.canonical, idx[0], idx[1], sizes, target.canonical),
     )
-    out = kernels.call("index_mapping", source.canonical, s_res, t_res, sizes, target.canonical)
     return _wrap_like(target, out, batch_shape)
 
 
@@ -668,10 +718,12 @@ def get_mask_from_indices(
     if not isinstance(mask_num_targets, int) or mask_num_targets < 0:
         raise ValueError(f"mask_num_targets must be a non-negative int, got {mask_num_targets!r}")
     flat, sizes = _index_slots(indices)
-    (resolved,) = _resolve_indices(
-        [_RangeCheck(flat, sizes, mask_num_targets, "indices", "the mask")], check_bounds
+    mask = _call_checked(
+        "indices_to_mask",
+        [_RangeCheck(flat, sizes, mask_num_targets, "indices", "the mask")],
+        check_bounds,
+        lambda idx: (idx[0], sizes, mask_num_targets),
     )
-    mask = kernels.call("indices_to_mask", resolved, sizes, mask_num_targets)
     return mask.reshape(tuple(indices.batch_shape) + (mask_num_targets,))
 
 

@@ -254,6 +254,10 @@ _HELPERS = {
     "mask_to_indices": lambda d, i, j, o, v, m, cb: nb.get_indices_from_mask(m),
 }
 _NO_CHECK = ("bool_indexing", "mask_to_indices")  # the sync there sizes the output
+#: Ops with the bounds check: one ``aminmax`` per index batch (written in place into the one
+#: tensor that is read), then the operator; the mask helpers sum and take the largest count.
+_CHECKED_OPS = {"access": 2, "write": 2, "inverse": 2, "mapping": 3, "indices_to_mask": 2,
+                "bool_indexing": 3, "mask_to_indices": 3}
 
 
 @pytest.mark.parametrize("batch_size", (8, 64, 256, 4096))
@@ -275,3 +279,4 @@ def test_ragged_batch_helpers(batch_size, name, check_bounds):
         if not (check_bounds or name in _NO_CHECK):
             count(_HELPERS[name], *args)  # no sync at all: the strict harness passes
     _check(t, 4, syncs=1 if check_bounds or name in _NO_CHECK else 0)
+    assert len(t.ops) == (_CHECKED_OPS[name] if check_bounds or name in _NO_CHECK else 1), str(t)

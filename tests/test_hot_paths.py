@@ -294,3 +294,30 @@ def test_conversions_without_grad_are_cached():
     with torch.no_grad():
         graded = NestedBatch.from_lengths(torch.randn(10, 2, requires_grad=True), [4, 6])
         assert graded.padded() is graded.padded()
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_segment_fast_path_equals_the_general_path(name, dtype):
+    """``torch.<name>(b, dim=1)`` on cached packed rows takes the registry's fast path; the
+    general path (reached with ``dim=(1,)``) gives the same values, empty samples included,
+    and the same gradients."""
+    lengths = [3, 0, 5, 1, 0, 7]
+    values = torch.randn(sum(lengths), 4, dtype=torch.float64).to(dtype).requires_grad_()
+    b = NestedBatch.from_lengths(values, lengths)
+    func = getattr(torch, name)
+    fast, method = func(b, dim=1), getattr(b, name)(1)
+    general = func(b, dim=(1,))
+    for got in (fast, method):
+        torch.testing.assert_close(got, general, rtol=0, atol=0, equal_nan=True)
+    expected = [
+        getattr(torch, name)(s, 0) if len(s) or name in ("sum", "mean") else None
+        for s in values.detach().double().split(lengths)
+    ]
+    tol = {"rtol": 3e-2, "atol": 3e-2} if dtype == torch.bfloat16 else {}
+    for row, want in zip(general, expected):
+        if want is not None:
+            torch.testing.assert_close(row.double(), want, equal_nan=True, **tol)
+    (grad_fast,) = torch.autograd.grad(fast.float().nansum(), values)
+    (grad_general,) = torch.autograd.grad(general.float().nansum(), values)
+    assert torch.equal(grad_fast, grad_general)

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-def _compiled():
+def compiled_ops():
     """``torch.ops.nestbatch_cuda`` when the CUDA extension is loaded, else ``None``."""
     return torch.ops.nestbatch_cuda if load_extension() else None
 
@@ -58,8 +58,8 @@ def _define(name: str, reference_impl, cpu_impl=None):
 
     @op.register_kernel("cuda")
     def _(*args):
-        ops = _compiled()
-        if ops is None or not _kernels_cover(args):
+        ops = compiled_ops()
+        if ops is None or not kernels_cover(args):
             return reference_impl(*args)
         return getattr(ops, name)(*args)
 
@@ -74,7 +74,7 @@ _KERNEL_DTYPES = frozenset({
 })
 
 
-def _kernels_cover(args: tuple) -> bool:
+def kernels_cover(args: tuple) -> bool:
     return all(a.dtype in _KERNEL_DTYPES for a in args if isinstance(a, Tensor))
 
 

@@ -37,6 +37,7 @@ class OpEntry:
     prefer: Layout
     moved_ragged: bool = False
     order: tuple[Layout, ...] = ()  # the layouts to try, the preferred first
+    fast: Callable[[Callable, tuple, dict], Any] | None = None
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
@@ -47,6 +48,7 @@ def register(
     layouts: Iterable[Layout] = (Layout.PACKED,),
     prefer: Layout | None = None,
     moved_ragged: bool = False,
+    fast: Callable[[Callable, tuple, dict], Any] | None = None,
 ) -> Callable[[Implementation], Implementation]:
     """Decorator: run ``funcs`` on nested batches with the decorated implementation.
 
@@ -63,6 +65,11 @@ def register(
         Whether the implementation handles batches whose ragged dim is not at logical dim 1
         (it interprets dims through :func:`nestbatch.ops.common.storage_dim`). Otherwise
         :func:`dispatch` raises a ``TypeError`` for such a batch.
+    fast : callable, optional
+        ``fast(func, args, kwargs)`` tried before anything else: the result for the common
+        calls it recognizes, ``NotImplemented`` for every other (which then take the general
+        path). For the hottest calls, whose general bookkeeping costs more host time than
+        their kernel.
 
     Notes
     -----
@@ -80,7 +87,7 @@ def register(
     def decorate(impl: Implementation) -> Implementation:
         for func in funcs:
             order = (prefer, *(layout for layout in layouts if layout is not prefer))
-            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order)
+            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order, fast)
         return impl
 
     return decorate
@@ -129,6 +136,10 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
         does not handle a moved ragged dim given a batch with one.
     """
     entry = _REGISTRY.get(func)
+    if entry is not None and entry.fast is not None:
+        out = entry.fast(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
     if entry is None:
         name = _display_name(func)
         raise TypeError(
