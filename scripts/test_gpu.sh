@@ -24,5 +24,9 @@ for bench in benchmarks/bench_conversions.py benchmarks/bench_indexing.py \
              benchmarks/bench_overhead.py benchmarks/bench_attention.py benchmarks/bench_ops.py; do
   run "$PYTHON" "$bench" --device cuda --quick
 done
+# CUDA-only benchmarks: the GPU path per call (launches, syncs, wall, graph capture) and the
+# conversion kernels' bandwidth against a device copy.
+run "$PYTHON" benchmarks/bench_gpu_path.py --quick
+run "$PYTHON" benchmarks/bench_kernel_bandwidth.py --quick
 echo "test_gpu: $([[ $status == 0 ]] && echo all passed || echo FAILURES above)"
 exit $status
