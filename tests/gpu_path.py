@@ -121,6 +121,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.trace = trace
         self.allow_syncs = allow_syncs
+        self._copied = False  # whether the last op was a host-to-device copy
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -136,6 +137,13 @@ class _Recorder(TorchDispatchMode):
             self.trace.ops.append(name)
             if copy == "h2d":
                 self.trace.host_to_device.append(name)
+        elif func is aten.lift_fresh.default and _on_fake_cuda(args[0]) and not self._copied:
+            # torch.tensor(data, device="cuda") on a CUDA build of torch copies the host data
+            # below the dispatcher and only shows the lift of its result; on a CPU-only build
+            # the copy shows as _to_copy just before. Either way: one host-to-device copy.
+            self.trace.ops.append(name)
+            self.trace.host_to_device.append(name)
+        self._copied = copy == "h2d"
         return func(*args, **kwargs)
 
     def _sync(self, func, name: str, args: tuple, kwargs: dict):

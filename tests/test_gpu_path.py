@@ -81,10 +81,16 @@ def test_harness_answers_allowed_reads_and_counts_them():
     assert len(t.syncs) == 2 and len(t.ops) == 3
 
 
-def test_harness_counts_host_to_device_copies():
+@pytest.mark.parametrize("spelling", ["device=", ".to"])
+def test_harness_counts_host_to_device_copies(spelling):
+    """One copy each way it is written (``torch.tensor(..., device=)`` copies below the
+    dispatcher on a CUDA build of torch; the harness counts it there too)."""
     with fake_cuda():
-        t = count(lambda: torch.tensor([1, 2, 3], device="cuda"))
-    assert len(t.host_to_device) == 1 and len(t.ops) == 1
+        if spelling == "device=":
+            t = count(lambda: torch.tensor([1, 2, 3], device="cuda"))
+        else:
+            t = count(lambda: torch.tensor([1, 2, 3]).to("cuda"))
+    assert len(t.host_to_device) == 1 and len(t.ops) == 1, str(t)
 
 
 def test_harness_refuses_torch_cuda_calls_from_nestbatch(monkeypatch):

@@ -184,7 +184,9 @@ class RowPartition:
         which need a factory op.
         """
         if _tracing() or not values:
-            return torch.tensor(values, dtype=dtype, device=self._device)
+            # Made on the host and copied (not ``torch.tensor(..., device=)``, whose copy on a
+            # CUDA build of torch runs below the dispatcher, hidden from tracing modes).
+            return torch.tensor(values, dtype=dtype).to(self._device)
         code = "q" if dtype == torch.int64 else "i"
         return self._to_device(torch.frombuffer(array.array(code, values), dtype=dtype))
 
