@@ -225,6 +225,32 @@ def check_same_feature_shape(shapes: Sequence[torch.Size], num_ragged_dims: int,
             )
 
 
+def normalize_empty_samples(tensors: Sequence[object], num_ragged_dims: int) -> list[object]:
+    """The samples, with those that hold no element as zero-size samples of the batch's shape.
+
+    A sample with no element is a zero-size sample whatever its shape, dtype or device (as the
+    ``RaggedBatch`` reference counts ``torch.tensor([[]])``, shape ``(1, 0)``, beside ``(n, 4)``
+    boxes): where it does not fit the first sample that has elements, it becomes an empty tensor
+    of shape ``(0,) * num_ragged_dims + feature_shape`` in that sample's dtype and on its device.
+    When no sample has elements, or an entry is not a tensor, nothing changes (the usual checks
+    then apply).
+    """
+    reference = next((t for t in tensors if isinstance(t, Tensor) and t.numel()), None)
+    if reference is None:
+        return list(tensors)
+    k = num_ragged_dims
+    feature = reference.shape[k:]
+    out = []
+    for t in tensors:
+        if isinstance(t, Tensor) and t.numel() == 0 and (
+            t.dim() != reference.dim() or t.shape[k:] != feature
+            or t.dtype != reference.dtype or t.device != reference.device
+        ):
+            t = reference.new_empty((0,) * k + tuple(feature))
+        out.append(t)
+    return out
+
+
 def common_dtype_device(
     tensors: Sequence[Tensor],
     dtype: torch.dtype | None,

@@ -35,7 +35,8 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from . import kernels
-from ._validation import read_device_values
+from ._validation import normalize_empty_samples, read_device_values
+from .errors import reference_compatible
 from .kernels.reference import sizes_mask
 from .ragged_batch import RaggedBatch, from_canonical, to_canonical
 
@@ -202,11 +203,29 @@ def _bound_view(bound: Tensor | int) -> Tensor | int:
     return bound.unsqueeze(1) if isinstance(bound, Tensor) else bound
 
 
+class _SizeMismatch(NamedTuple):
+    """Two index batches that must pair up slot by slot: ``differs`` flags (per sample) the
+    samples whose sizes differ; their count is read with the bounds check."""
+
+    differs: Tensor
+    source_sizes: Tensor
+    target_sizes: Tensor
+
+    def check(self, count: int) -> None:
+        if count:
+            raise ValueError(
+                f"source_indices and target_indices must have the same sample sizes (their "
+                f"slots pair up), but {count} sample(s) differ: "
+                f"{self.source_sizes.tolist()} vs {self.target_sizes.tolist()}"
+            )
+
+
 def _call_checked(
     name: str,
     checks: Sequence[_RangeCheck],
     check_bounds: bool,
     args_for: Callable[[list[Tensor]], tuple],
+    mismatch: _SizeMismatch | None = None,
 ) -> Any:
     """``kernels.call(name, *args_for(indices))`` with the index tensors of ``checks``
     range-checked and negative indices resolved.
@@ -221,52 +240,62 @@ def _call_checked(
     ``IndexError`` for the first bad one, and an operator call with the negative indices
     resolved replaces the first.
 
+    ``mismatch``, when given, is read in the same read and raises ``ValueError`` when nonzero.
+
     Without ``check_bounds``: no device work but the operator; the indices must be in
     ``[0, bound)``.
     """
     indices = [c.indices for c in checks]
     if not check_bounds:
         return kernels.call(name, *args_for(indices))
-    stats = _range_stats(checks)
+    stats = _range_stats(checks, None if mismatch is None else mismatch.differs)
     args = args_for(indices)
     if not kernels.runs_compiled(args):
         # The PyTorch implementations may raise (or assert on a GPU) for a bad index: check
         # first. On the CPU the read costs no sync.
-        resolved = _read_range_check(checks, stats)
+        resolved = _read_range_check(checks, stats, mismatch)
         return kernels.call(name, *(args if resolved is None else args_for(resolved)))
     out = kernels.call(name, *args)
-    resolved = _read_range_check(checks, stats)
+    resolved = _read_range_check(checks, stats, mismatch)
     return out if resolved is None else kernels.call(name, *args_for(resolved))
 
 
-def _range_stats(checks: Sequence[_RangeCheck]) -> Tensor | None:
-    """``[min, max(, smallest bound)]`` of every non-empty index tensor, in one device tensor."""
+def _range_stats(checks: Sequence[_RangeCheck], extra: Tensor | None = None) -> Tensor | None:
+    """``[min, max(, smallest bound)]`` of every non-empty index tensor, then the number of
+    ``True`` in ``extra`` (a bool tensor) when given, in one device tensor."""
     live = [c for c in checks if c.indices.numel()]
-    if not live:
+    if not live and extra is None:
         return None
     dtypes = {c.indices.dtype for c in live}
     if len(dtypes) == 1 and not any(isinstance(c.bound, Tensor) for c in live):
         # Written in place: no op to gather the numbers into one tensor for the read.
-        stats = live[0].indices.new_empty(2 * len(live))
+        stats = live[0].indices.new_empty(2 * len(live) + (extra is not None))
         for i, c in enumerate(live):
             torch.aminmax(c.indices, out=(stats[2 * i], stats[2 * i + 1]))
+        if extra is not None:
+            torch.sum(extra, dim=0, dtype=stats.dtype, out=stats[-1])
         return stats
     parts: list[Tensor] = []
     for c in live:
         parts.extend(t.long() for t in torch.aminmax(c.indices))
         if isinstance(c.bound, Tensor):
             parts.append(c.bound.amin().long())
+    if extra is not None:
+        parts.append(extra.sum(dtype=torch.int64))
     return torch.stack(parts)
 
 
 def _read_range_check(
-    checks: Sequence[_RangeCheck], stats: Tensor | None
+    checks: Sequence[_RangeCheck], stats: Tensor | None, mismatch: _SizeMismatch | None = None
 ) -> list[Tensor] | None:
-    """Read ``stats`` (one sync) and raise for an out-of-range valid slot; the index tensors
-    with negative indices resolved, or ``None`` when none was negative."""
+    """Read ``stats`` (one sync) and raise for mismatched sizes or an out-of-range valid slot;
+    the index tensors with negative indices resolved, or ``None`` when none was negative."""
     if stats is None:
         return None
-    values = iter(read_device_values(stats))
+    read = read_device_values(stats)
+    if mismatch is not None:
+        mismatch.check(read[-1])
+    values = iter(read)
     negative: set[int] = set()
     for c in (c for c in checks if c.indices.numel()):
         low, high = next(values), next(values)
@@ -310,6 +339,7 @@ def _index_slots(indices: RaggedBatch) -> tuple[Tensor, Tensor]:
 # ---------------------------------------------------------------------- masks & reductions
 
 
+@reference_compatible
 def apply_mask_to_tensor(data: Tensor, mask: Tensor, value_to_set: float = 0.0) -> Tensor:
     """Set the entries of ``data`` where ``mask`` is ``False`` to ``value_to_set``.
 
@@ -343,6 +373,7 @@ def apply_mask_to_tensor(data: Tensor, mask: Tensor, value_to_set: float = 0.0) 
     return data.masked_fill(~view, value_to_set)
 
 
+@reference_compatible
 def sum_over_targets(data: RaggedBatch) -> Tensor:
     """Per-sample sum over the valid entries along the non-uniform dim.
 
@@ -361,6 +392,7 @@ def sum_over_targets(data: RaggedBatch) -> Tensor:
     return data.with_padded_set_to(0).tensor.sum(dim=data.non_uniform_dim)
 
 
+@reference_compatible
 def average_over_targets(data: RaggedBatch, nans_to_zero: bool = True) -> Tensor:
     """Per-sample mean over the valid entries along the non-uniform dim.
 
@@ -397,6 +429,7 @@ def average_over_targets(data: RaggedBatch, nans_to_zero: bool = True) -> Tensor
     return mean
 
 
+@reference_compatible
 def squeeze_except_batch_and_sample(data: Tensor | RaggedBatch) -> Tensor | RaggedBatch:
     """Squeeze all size-1 dims except the batch dims and the non-uniform dim.
 
@@ -431,6 +464,7 @@ def squeeze_except_batch_and_sample(data: Tensor | RaggedBatch) -> Tensor | Ragg
 # ---------------------------------------------------------------------- index-based access
 
 
+@reference_compatible
 def batched_indexing_access(
     input_data: Tensor | RaggedBatch,
     input_indices: RaggedBatch,
@@ -493,6 +527,7 @@ def _check_write_width(name: str, operand: _Operand, width: int) -> None:
         )
 
 
+@reference_compatible
 def batched_indexing_write(
     to_write: Tensor | RaggedBatch,
     output_indices: RaggedBatch,
@@ -552,6 +587,7 @@ def batched_indexing_write(
     return _wrap_like(into, out, indices.batch_shape)
 
 
+@reference_compatible
 def batched_inverse_indexing_access(
     input_data: Tensor | RaggedBatch,
     output_indices: RaggedBatch,
@@ -611,6 +647,7 @@ def batched_inverse_indexing_access(
     return from_canonical(out, indices.batch_shape, values.dim)
 
 
+@reference_compatible
 def batched_index_mapping(
     source_data: Tensor | RaggedBatch,
     source_indices: RaggedBatch,
@@ -621,7 +658,9 @@ def batched_index_mapping(
 ) -> Tensor | RaggedBatch:
     """Per-sample mapping ``target[i, target_indices[i, j]] = source[i, source_indices[i, j]]``.
 
-    Index pair ``j`` is used when it is valid in both index batches. Both data
+    The two index batches pair up slot by slot, so they must have the same sample sizes
+    (``ValueError`` otherwise, as in the reference; checked in the same read as the bounds,
+    and skipped with ``check_bounds=False`` unless the sizes are on the host). Both data
     arguments are indexed along their non-uniform dim (the dim right after the
     batch dims for tensors). Runs on any device; range-checks the indices (one host sync, see
     ``check_bounds``). Target indices of a sample must be unique; source
@@ -673,9 +712,12 @@ def batched_index_mapping(
     width = min(src_idx.max_sample_size, tgt_idx.max_sample_size)
     s_flat, s_sizes = _index_slots(src_idx)
     t_flat, t_sizes = _index_slots(tgt_idx)
-    # A pair is valid where both index batches are; one sizes tensor needs no minimum.
-    sizes = s_sizes if src_idx.sample_sizes is tgt_idx.sample_sizes else \
-        torch.minimum(s_sizes, t_sizes)
+    sizes = s_sizes
+    mismatch = None
+    if src_idx.sample_sizes is not tgt_idx.sample_sizes:
+        mismatch = _SizeMismatch(s_sizes != t_sizes, s_sizes, t_sizes)
+        if not check_bounds and s_sizes.is_cpu:
+            mismatch.check(int(mismatch.differs.sum()))  # host memory: free to read
     out = _call_checked(
         "index_mapping",
         [
@@ -684,10 +726,12 @@ def batched_index_mapping(
         ],
         check_bounds,
         lambda idx: (source.canonical, idx[0], idx[1], sizes, target.canonical),
+        mismatch,
     )
     return _wrap_like(target, out, batch_shape)
 
 
+@reference_compatible
 def get_mask_from_indices(
     mask_num_targets: int, indices: RaggedBatch, *, check_bounds: bool = True
 ) -> Tensor:
@@ -749,6 +793,7 @@ def _mask_operand(
     return mask, mask.shape[:1], None
 
 
+@reference_compatible
 def get_indices_from_mask(mask: Tensor | RaggedBatch) -> RaggedBatch:
     """Positions of the ``True`` entries of each sample's mask, in increasing order.
 
@@ -813,6 +858,7 @@ def _bool_index_operands(
     return operand, effective, batch_shape
 
 
+@reference_compatible
 def batched_bool_indexing(
     input_data: Tensor | RaggedBatch, input_mask: Tensor | RaggedBatch
 ) -> RaggedBatch:
@@ -849,6 +895,7 @@ def batched_bool_indexing(
     )
 
 
+@reference_compatible
 def batched_bool_indexing_write(
     to_write: RaggedBatch | Tensor,
     output_mask: Tensor | RaggedBatch,
@@ -898,6 +945,7 @@ def batched_bool_indexing_write(
     return _wrap_like(into, torch.where(view, gathered, into.canonical), batch_shape)
 
 
+@reference_compatible
 def get_compact_lists(mask: Tensor, data: Sequence[Tensor | Any]) -> list[RaggedBatch | Any]:
     """Compact every tensor of ``data`` along dim 1 with ``mask``.
 
@@ -948,6 +996,7 @@ def get_compact_lists(mask: Tensor, data: Sequence[Tensor | Any]) -> list[Ragged
     return result
 
 
+@reference_compatible
 def get_compact_from_named_tuple(mask: Tensor, data: NamedTuple) -> NamedTuple:
     """Like :func:`get_compact_lists`, for a named tuple; returns the same named tuple type."""
     return type(data)(*get_compact_lists(mask, list(data)))
@@ -983,6 +1032,7 @@ def _collect_nested(data: Any, path: str) -> tuple[list[Tensor], tuple[int, ...]
     return [leaf for leaves, _ in parts for leaf in leaves], (len(parts),) + sub_shape
 
 
+@reference_compatible
 def combine_data(
     data_list: Sequence[Sequence | Tensor],
     other_with_same_sample_sizes: RaggedBatch | None = None,
@@ -992,7 +1042,9 @@ def combine_data(
     """Pad a (nested) sequence of samples into one RaggedBatch.
 
     Samples are tensors that agree in dtype and in all dims except dim 0,
-    which becomes the non-uniform dim.
+    which becomes the non-uniform dim. A sample with no element is a zero-size
+    sample whatever its shape or dtype (``torch.tensor([[]])`` beside ``(n, 4)``
+    boxes is a ``(0, 4)`` sample), as in the reference.
 
     Parameters
     ----------
@@ -1027,6 +1079,7 @@ def combine_data(
         return RaggedBatch.Empty(
             len(batch_shape) + 1, len(batch_shape), device or "cpu", batch_shape=batch_shape
         )
+    leaves = normalize_empty_samples(leaves, 1)  # [[]] beside (n, 4) boxes: a (0, 4) sample
     first = leaves[0]
     device = first.device if device is None else torch.device(device)
     for pos, leaf in enumerate(leaves):

@@ -31,6 +31,8 @@ def nested(
     ----------
     tensors : sequence of Tensor
         Samples of shapes ``(*ragged_shape_i, *feature_shape)`` with the same number of dims.
+        A sample with no element is a zero-size sample whatever its shape or dtype
+        (``torch.tensor([[]])`` beside ``(n, 4)`` samples is a ``(0, 4)`` sample).
     dtype, device : optional
         Convert every sample; required if the samples' dtypes or devices differ.
     requires_grad : bool, default False

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .batch import NestedBatch, extend, with_ragged_dim
+from .errors import reference_compatible_class
 from .kernels.reference import fill_padding, sizes_mask
 
 __all__ = ["RaggedBatch"]
@@ -188,6 +189,7 @@ def _num_required_positional(fn: Callable[..., Any]) -> int:
     return min(max(count, 1), 3)
 
 
+@reference_compatible_class
 class RaggedBatch:
     """Batch of samples whose sizes differ along one (non-uniform) dimension.
 
@@ -916,13 +918,12 @@ class RaggedBatch:
         return self._tensor.dim()
 
     def __repr__(self) -> str:
-        sizes = self.sample_sizes.tolist() if self.sample_sizes.numel() <= 16 else "..."
+        # As the reference prints it: the data tensor itself (torch's repr, which summarizes
+        # large tensors), then the sizes and dims. Printing reads device memory, as any tensor's.
         return (
-            f"RaggedBatch(shape={tuple(self._tensor.shape)}, "
-            f"num_batch_dims={self._num_batch_dims}, "
-            f"non_uniform_dim={self._non_uniform_dim}, sample_sizes={sizes}, "
-            f"dtype={self._tensor.dtype}, device={self._tensor.device}"
-            f"{', requires_grad=True' if self._tensor.requires_grad else ''})"
+            f"RaggedBatch(tensor={self._tensor}, sample_sizes={self.sample_sizes}, "
+            f"non_uniform_dim={self._non_uniform_dim}, num_batch_dims={self._num_batch_dims}, "
+            f"batch_shape={tuple(self.batch_shape)})"
         )
 
     # ------------------------------------------------------------------ NestedBatch interop

@@ -286,3 +286,15 @@ def test_ragged_batch_helpers(batch_size, name, check_bounds):
             count(_HELPERS[name], *args)  # no sync at all: the strict harness passes
     _check(t, 4, syncs=1 if check_bounds or name in _NO_CHECK else 0)
     assert len(t.ops) == (_CHECKED_OPS[name] if check_bounds or name in _NO_CHECK else 1), str(t)
+
+
+@pytest.mark.parametrize("batch_size", (8, 4096))
+def test_index_mapping_with_two_sizes_tensors_checks_them_in_the_same_read(batch_size):
+    """Index batches with their own (equal) sample sizes: one comparison and one count more,
+    read with the bounds, still one sync."""
+    with fake_cuda():
+        data = torch.randn(batch_size, 64, 8, device="cuda")
+        source, target = _index_batch(batch_size, 16), _index_batch(batch_size, 16)
+        assert source.sample_sizes is not target.sample_sizes
+        t = count(lambda: nb.batched_index_mapping(data, source, target, data), allow_syncs=True)
+    assert len(t.ops) == 5 and len(t.syncs) == 1, str(t)

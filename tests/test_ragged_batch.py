@@ -74,6 +74,16 @@ def test_properties():
     assert "RaggedBatch" in repr(rb) and "non_uniform_dim=2" in repr(rb)
 
 
+def test_repr_shows_the_data_tensor_as_the_reference_does():
+    """``tensor=`` then the data tensor as torch prints it, then the sizes and dims."""
+    rb = RaggedBatch(torch.arange(6.0).view(2, 3), sample_sizes=torch.tensor([1, 3]))
+    text = repr(rb)
+    assert text.startswith(f"RaggedBatch(tensor={rb.tensor}, ")
+    assert f"sample_sizes={rb.sample_sizes}" in text
+    assert "non_uniform_dim=1" in text and "num_batch_dims=1" in text
+    assert "batch_shape=(2,)" in text
+
+
 def test_requires_grad_retains_grad_and_item_access():
     rb = RaggedBatch(torch.zeros(2, 3), sample_sizes=torch.tensor([1, 2]))
     assert not rb.requires_grad

@@ -7,7 +7,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nestbatch._validation import check_same_feature_shape, common_dtype_device
+from nestbatch._validation import (
+    check_same_feature_shape,
+    common_dtype_device,
+    normalize_empty_samples,
+)
 from nestbatch.layouts.base import RaggedLayout
 from nestbatch.layouts.partition import RowPartition
 
@@ -25,6 +29,12 @@ class TensorList(RaggedLayout):
         Convert every sample; required when the samples' dtypes or devices differ.
     feature_shape : sequence of int, optional
         Feature shape of an empty batch (ignored otherwise; defaults to ``()``).
+
+    Notes
+    -----
+    A sample with no element counts as a zero-size sample whatever its shape, dtype or device
+    (``torch.tensor([])`` or ``torch.tensor([[]])`` beside ``(n, 4)`` samples is a ``(0, 4)``
+    sample); see :func:`nestbatch._validation.normalize_empty_samples`.
 
     Raises
     ------
@@ -55,6 +65,7 @@ class TensorList(RaggedLayout):
             )
         if num_ragged_dims < 1:
             raise ValueError(f"num_ragged_dims must be >= 1, got {num_ragged_dims}")
+        tensors = normalize_empty_samples(tensors, num_ragged_dims)
         dtype, device = common_dtype_device(tensors, dtype, device, "tensors")
         tensors = [
             t if t.dtype == dtype and t.device == device else t.to(device=device, dtype=dtype)

@@ -1,0 +1,137 @@
+"""Behaviours of the reference implementations that code moving to nestbatch relies on (issue
+#15): empty samples in any shape, the reference's exception types, the validation it does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nestbatch as nb
+from nestbatch import NestedBatch, RaggedBatch
+from nestbatch.batching_helpers import combine_data
+
+
+# ------------------------------------------------------------------ empty samples in any shape
+def _boxes():
+    gen = torch.Generator().manual_seed(0)
+    return [torch.rand(3, 4, generator=gen), torch.rand(2, 4, generator=gen)]
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [torch.tensor([[]]), torch.tensor([]), torch.zeros(0, 7), torch.zeros(2, 0, 3),
+     torch.zeros(0, 4, dtype=torch.int64)],
+    ids=["[[]]", "[]", "(0, 7)", "(2, 0, 3)", "int64 (0, 4)"],
+)
+def test_combine_data_counts_an_empty_sample_of_any_shape_as_size_zero(empty):
+    """The reference's perception example passes ``torch.tensor([[]])`` beside (n, 4) boxes."""
+    boxes = _boxes()
+    got = combine_data([boxes[0], empty, boxes[1]])
+    want = combine_data([boxes[0], torch.zeros(0, 4), boxes[1]])
+    assert torch.equal(got.sample_sizes, torch.tensor([3, 0, 2]))
+    assert torch.equal(got.tensor, want.tensor) and got.tensor.dtype == torch.float32
+    # The first sample may be the empty one too.
+    first = combine_data([empty, *boxes])
+    assert first.tensor.shape == (3, 3, 4) and first.sample_sizes.tolist() == [0, 3, 2]
+
+
+def test_list_constructors_count_empty_samples_of_any_shape_as_size_zero():
+    boxes = _boxes()
+    samples = [boxes[0], torch.tensor([[]]), boxes[1], torch.tensor([])]
+    for batch in (nb.nested(samples), nb.as_nested(samples), NestedBatch.from_list(samples)):
+        assert batch.lengths.tolist() == [3, 0, 2, 0] and batch.feature_shape == (4,)
+        assert torch.equal(batch.values, torch.cat(boxes))
+    # Several ragged dims: the empty sample takes zero in every ragged dim.
+    grid = nb.nested([torch.rand(2, 3, 5), torch.tensor([[]])], num_ragged_dims=2)
+    assert grid.partition.host_shapes == ((2, 3), (0, 0))
+
+
+def test_empty_samples_that_fit_keep_their_shape_and_mismatches_with_elements_still_raise():
+    # (1, 0) fits a batch of (n, 0) samples: one row of no features, not an empty sample.
+    batch = nb.nested([torch.zeros(2, 0), torch.zeros(1, 0)])
+    assert batch.lengths.tolist() == [2, 1]
+    with pytest.raises(ValueError, match="feature shape"):
+        nb.nested([torch.rand(3, 4), torch.rand(1, 5)])
+    with pytest.raises(ValueError, match="sample 1 has shape"):
+        combine_data([torch.rand(3, 4), torch.rand(1, 5)])
+    # All samples empty: nothing to take a shape from, so they must agree as usual.
+    assert nb.nested([torch.zeros(0, 4), torch.zeros(0, 4)]).feature_shape == (4,)
+
+
+# ----------------------------------------------------------- validation the reference does
+@pytest.mark.parametrize("check_bounds", [True, False])
+def test_index_mapping_refuses_index_batches_of_different_sample_sizes(check_bounds):
+    data = torch.randn(2, 5, 3)
+    indices = torch.zeros(2, 4, dtype=torch.int64)
+    source = RaggedBatch(indices, sample_sizes=torch.tensor([1, 2]))
+    target = RaggedBatch(indices.clone(), sample_sizes=torch.tensor([2, 2]))
+    with pytest.raises(ValueError, match="same sample sizes"):
+        nb.batched_index_mapping(data, source, target, data, check_bounds=check_bounds)
+    # Equal sizes in distinct tensors are fine, and give the shared-sizes result.
+    twin = RaggedBatch(indices.clone(), sample_sizes=torch.tensor([1, 2]))
+    shared = source.create_with_sample_sizes_like_self(indices.clone())
+    assert torch.equal(nb.batched_index_mapping(data, source, twin, data),
+                       nb.batched_index_mapping(data, source, shared, data))
+
+
+def test_validation_the_reference_does_before_computing():
+    rb = RaggedBatch(torch.zeros(2, 3), sample_sizes=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="cannot broadcast"):
+        rb.broadcast_batch_dims_to_shape((3,))
+    other = RaggedBatch(torch.zeros(3, 3), sample_sizes=torch.tensor([1, 2, 0]))
+    with pytest.raises(ValueError, match="cannot broadcast"):
+        RaggedBatch.broadcast_batch_dims([rb, other])
+    with pytest.raises(ValueError, match="uniform lengths"):
+        combine_data([[torch.rand(2, 3)], [torch.rand(1, 3), torch.rand(2, 3)]],
+                     flatten_batch_dims=False)
+    with pytest.raises(ValueError, match="sample 1 has shape"):
+        combine_data([[torch.rand(2, 3)], [torch.rand(1, 4)]])
+    wrong_dims = RaggedBatch(torch.zeros(2, 4, 2, dtype=torch.int64),
+                             sample_sizes=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="max_num_indices"):
+        nb.batched_indexing_access(torch.randn(2, 5, 3), wrong_dims)
+    with pytest.raises(ValueError, match="max_num_indices"):
+        nb.get_mask_from_indices(5, wrong_dims)
+
+
+# --------------------------------------------------------------------------- exception types
+def _bad_calls():
+    data = torch.randn(2, 5, 3)
+    sizes = torch.tensor([1, 2])
+    indices = RaggedBatch(torch.tensor([[0, 0], [1, 7]]), sample_sizes=sizes)
+    return [
+        (ValueError, lambda: RaggedBatch(torch.zeros(2, 3), sample_sizes=torch.tensor([1]))),
+        (ValueError, lambda: RaggedBatch(torch.zeros(2, 3), sample_sizes=sizes)
+         .broadcast_batch_dims_to_shape((3,))),
+        (TypeError, lambda: nb.batched_indexing_access(data, torch.zeros(2, 2))),
+        (IndexError, lambda: nb.batched_indexing_access(data, indices)),
+        (ValueError, lambda: combine_data([torch.rand(3, 4), torch.rand(1, 5)])),
+        (ValueError, lambda: nb.get_mask_from_indices(-1, indices)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_errors_are_nestbatch_types_and_also_the_references(case):
+    from nestbatch import errors
+
+    kind, call = _bad_calls()[case]
+    for catch in (kind, RuntimeError, AssertionError):
+        with pytest.raises(catch) as caught:
+            call()
+    error = caught.value
+    assert isinstance(error, kind) and isinstance(error, RuntimeError | AssertionError)
+    assert type(error) in (errors.RaggedValueError, errors.RaggedTypeError,
+                           errors.RaggedIndexError)
+    assert str(error)  # the clear message is kept
+
+
+def test_conversion_keeps_message_and_traceback():
+    from nestbatch.errors import RaggedValueError, reference_compatible
+
+    @reference_compatible
+    def fails():
+        raise ValueError("lengths must be non-negative, got -1")
+
+    with pytest.raises(RaggedValueError, match="non-negative, got -1") as caught:
+        fails()
+    assert caught.traceback[-1].name == "fails"
