@@ -25,14 +25,16 @@ _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint
 
 
 def to_canonical(tensor: Tensor, num_batch_dims: int, dim: int) -> Tensor:
-    """Flatten the batch dims and move ``dim`` to position 1.
+    """Flatten the batch dims and bring ``dim`` to position 1.
 
-    ``(*batch, ..., N at dim, ...)`` becomes ``(prod(batch), N, *rest)`` where
-    ``rest`` keeps the order of the remaining dims.
+    ``dim`` is swapped with the dim right after the batch dims, the convention of the
+    reference (``get_non_uniform_dimension_transposed_to`` is a transpose): two operands whose
+    indexed dims sit in different places, each moved there by such a transpose, get the same
+    ``(prod(batch), N, *rest)`` layout.
     """
     if num_batch_dims == 1 and dim == 1:
         return tensor  # already canonical (the common case): no view to make
-    moved = tensor.movedim(dim, num_batch_dims)
+    moved = tensor.transpose(dim, num_batch_dims)
     # Explicit sizes (no -1): a -1 is ambiguous when the tensor is empty.
     return moved.reshape(
         (math.prod(tensor.shape[:num_batch_dims]),) + tuple(moved.shape[num_batch_dims:])
@@ -40,11 +42,11 @@ def to_canonical(tensor: Tensor, num_batch_dims: int, dim: int) -> Tensor:
 
 
 def from_canonical(tensor: Tensor, batch_shape: Sequence[int], dim: int) -> Tensor:
-    """Inverse of :func:`to_canonical`."""
+    """Inverse of :func:`to_canonical` (the same transpose, undone)."""
     if len(batch_shape) == 1 and dim == 1:
         return tensor
     unflat = tensor.reshape(tuple(batch_shape) + tuple(tensor.shape[1:]))
-    return unflat.movedim(len(batch_shape), dim)
+    return unflat.transpose(len(batch_shape), dim)
 
 
 class _SampleLayout:

@@ -61,12 +61,14 @@ def _make(draw, gen, batch_shape, data_shape, max_size, dtype, ragged, sizes=Non
         width = max_size
         sizes = torch.full(batch_shape, width)
     offset = draw(st.integers(0, len(data_shape))) if ragged else 0
-    shape = batch_shape + data_shape[:offset] + (width,) + data_shape[offset:]
+    shape = batch_shape + (width,) + data_shape
     tensor = (torch.randn(shape, generator=gen) * 10).to(dtype)
     if not ragged:
         return tensor, sizes
     sizes = sizes.to(draw(st.sampled_from(INDEX_DTYPES)))
-    return RaggedBatch(tensor, sample_sizes=sizes, non_uniform_dim=nbd + offset), sizes
+    # Moved as the reference moves it: get_non_uniform_dimension_transposed_to, a transpose.
+    batch = RaggedBatch(tensor, sample_sizes=sizes, non_uniform_dim=nbd)
+    return batch.get_non_uniform_dimension_transposed_to(nbd + offset), sizes
 
 
 def _index_batch(draw, gen, batch_shape, bounds, unique=False):
@@ -274,13 +276,18 @@ def test_batched_index_mapping_matches_loop(data):
     out = batched_index_mapping(source, s_idx, t_idx, target)
     assert type(out) is type(target)
     expected = _tensor_of(target).clone()
-    src_t = _tensor_of(source)
+    # Entries pair up in the reference's layout: each operand's indexed dim transposed back to
+    # the position after the batch dims (views, so the copies land in ``expected``).
+    src_t = _tensor_of(source).transpose(nbd, s_dim)
+    dst_t = expected.transpose(nbd, t_dim)
     for b in _batch_positions(batch_shape):
         for j in range(int(t_idx.sample_sizes[b])):
             si, ti = int(s_idx.tensor[b][j]), int(t_idx.tensor[b][j])
             si = si + int(s_bound[b]) if si < 0 else si
             ti = ti + int(t_bound[b]) if ti < 0 else ti
-            expected[b].select(t_dim - nbd, ti).copy_(src_t[b].select(s_dim - nbd, si))
+            entry, into = src_t[b].select(0, si), dst_t[b].select(0, ti)
+            assert entry.shape == into.shape  # no broadcasting hides a layout mix-up
+            into.copy_(entry)
     assert torch.equal(_tensor_of(out), expected)
 
 

@@ -135,3 +135,49 @@ def test_conversion_keeps_message_and_traceback():
     with pytest.raises(RaggedValueError, match="non-negative, got -1") as caught:
         fails()
     assert caught.traceback[-1].name == "fails"
+
+
+# --------------------------------------------- operands with non-uniform dims in other places
+def _moved(batch: RaggedBatch, dim: int) -> RaggedBatch:
+    return batch.get_non_uniform_dimension_transposed_to(dim)
+
+
+@pytest.mark.parametrize("write_dim, into_dim", [(2, 4), (3, 1), (4, 2), (1, 3)])
+def test_bool_indexing_write_takes_operands_moved_to_different_dims(write_dim, into_dim):
+    """The issue's example: the result keeps ``to_write_into``'s layout and, transposed back,
+    equals the untransposed call."""
+    gen = torch.Generator().manual_seed(write_dim * 10 + into_dim)
+    sizes = torch.tensor([2, 5, 0])
+    raw = torch.rand(3, 5, generator=gen) < 0.6
+    mask = RaggedBatch(raw, sample_sizes=sizes)
+    counts = (raw & (torch.arange(5) < sizes[:, None])).sum(1)
+    to_write = RaggedBatch(torch.randn(3, int(counts.max()), 2, 4, 6, generator=gen),
+                           sample_sizes=counts)
+    into = RaggedBatch(torch.randn(3, 5, 2, 4, 6, generator=gen), sample_sizes=sizes)
+    plain = nb.batched_bool_indexing_write(to_write, mask, into)
+    moved = nb.batched_bool_indexing_write(_moved(to_write, write_dim), mask,
+                                           _moved(into, into_dim))
+    assert moved.non_uniform_dim == into_dim
+    assert torch.equal(_moved(moved, 1).tensor, plain.tensor)
+    # The selection itself, from a moved operand, keeps that operand's layout.
+    picked = nb.batched_bool_indexing(_moved(into, into_dim), mask)
+    assert picked.non_uniform_dim == into_dim
+    assert torch.equal(_moved(picked, 1).tensor, nb.batched_bool_indexing(into, mask).tensor)
+
+
+@pytest.mark.parametrize("source_dim, target_dim", [(3, 4), (1, 2), (4, 1)])
+def test_index_mapping_takes_data_moved_to_different_dims(source_dim, target_dim):
+    gen = torch.Generator().manual_seed(source_dim * 10 + target_dim)
+    sizes = torch.tensor([2, 4, 0])
+    source_indices = RaggedBatch(torch.randint(0, 5, (3, 4), generator=gen), sample_sizes=sizes)
+    targets = torch.stack([torch.randperm(6, generator=gen)[:4] for _ in range(3)])
+    target_indices = source_indices.create_with_sample_sizes_like_self(targets)
+    source = RaggedBatch(torch.randn(3, 5, 2, 4, 3, generator=gen),
+                         sample_sizes=torch.tensor([5, 5, 5]))
+    target = RaggedBatch(torch.randn(3, 6, 2, 4, 3, generator=gen),
+                         sample_sizes=torch.tensor([6, 6, 6]))
+    plain = nb.batched_index_mapping(source, source_indices, target_indices, target)
+    moved = nb.batched_index_mapping(_moved(source, source_dim), source_indices, target_indices,
+                                     _moved(target, target_dim))
+    assert moved.non_uniform_dim == target_dim
+    assert torch.equal(_moved(moved, 1).tensor, plain.tensor)
