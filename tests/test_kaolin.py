@@ -38,8 +38,9 @@ def test_seed_textures_example():
     assert torch.equal(packed, torch.cat([t0.reshape(-1, 3), t1.reshape(-1, 3)]))
     first_idx = kaolin.get_first_idx(shape_per_tensor.prod(1))
     assert first_idx.tolist() == [0, 1024, 2048]
-    assert kaolin.list_to_padded([t0, t1], 0.0).shape == (2, 64, 32, 3)
-    forced = kaolin.list_to_padded([t0, t1], 0.0, max_shape=(128, 128))
+    padded, shapes = kaolin.list_to_padded([t0, t1], 0.0)
+    assert padded.shape == (2, 64, 32, 3) and torch.equal(shapes, shape_per_tensor)
+    forced, _ = kaolin.list_to_padded([t0, t1], 0.0, max_shape=(128, 128))
     assert torch.equal(forced, _ref_padded([t0, t1], 0.0, (128, 128)))
 
 
@@ -63,7 +64,8 @@ def test_functions_match_reference(tensor_list, padding_value, partial):
     padded = kaolin.packed_to_padded(packed, shapes, first_idx, padding_value, request)
     expected = _ref_padded(tensor_list, padding_value, max_shape.tolist())
     assert torch.equal(padded, expected)
-    assert torch.equal(kaolin.list_to_padded(tensor_list, padding_value, request), expected)
+    from_list, from_list_shapes = kaolin.list_to_padded(tensor_list, padding_value, request)
+    assert torch.equal(from_list, expected) and torch.equal(from_list_shapes, shapes)
     assert torch.equal(kaolin.padded_to_packed(padded, shapes), packed)
     for got, want in zip(kaolin.packed_to_list(packed, shapes, first_idx), tensor_list):
         assert torch.equal(got, want)

@@ -137,8 +137,8 @@ def list_to_padded(
     tensor_list: Sequence[Tensor],
     padding_value: float,
     max_shape: Sequence[int | None] | Tensor | None = None,
-) -> Tensor:
-    """Pad a list of sub-tensors into ``(B, *max_shape, last_dim)``.
+) -> tuple[Tensor, Tensor]:
+    """Pad a list of sub-tensors into ``(B, *max_shape, last_dim)``, with their shapes.
 
     Parameters
     ----------
@@ -151,11 +151,14 @@ def list_to_padded(
 
     Returns
     -------
-    Tensor
+    padded : Tensor
         ``(B, *max_shape, last_dim)``.
+    shape_per_tensor : Tensor
+        ``(B, ndim - 1)`` int64, as :func:`get_shape_per_tensor` (kaolin returns both).
     """
     batch = _batch_from_list(tensor_list)
-    return batch.padded(padding_value, _max_shape_arg(max_shape)).data
+    padded = batch.padded(padding_value, _max_shape_arg(max_shape)).data
+    return padded, batch.shape_per_sample
 
 
 def packed_to_list(

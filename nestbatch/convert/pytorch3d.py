@@ -45,11 +45,14 @@ def list_to_padded(
         return torch.stack(list(x), 0)
     if len(x) == 0:
         raise ValueError("x must hold at least one tensor")
-    ndim = x[0].dim()
-    if pad_size is not None and any(len(pad_size) != y.dim() for y in x):
-        raise ValueError("Pad size must contain target size for all dimensions.")
-    # An empty sample may have any number of dims (e.g. torch.tensor([])): it pads to nothing.
+    # The common number of dims is the largest (PyTorch3D's rule): an empty sample may have any
+    # number of dims (e.g. torch.tensor([])) and pads to nothing.
+    ndim = max(y.dim() for y in x)
     samples = [y if len(y) > 0 else y.new_empty((0,) * ndim) for y in x]
+    if any(y.dim() != ndim for y in samples):
+        raise ValueError("All items have to have the same number of dimensions!")
+    if pad_size is not None and len(pad_size) != ndim:
+        raise ValueError("Pad size must contain target size for all dimensions.")
     batch = NestedBatch.from_list(samples, num_ragged_dims=ndim)
     return batch.padded(pad_value, None if pad_size is None else list(pad_size)).data
 
