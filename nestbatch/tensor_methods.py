@@ -1,11 +1,12 @@
 """`TensorMethods`: the Tensor-like surface of a :class:`~nestbatch.NestedBatch`.
 
 Python operators (``+ - * / // % ** @``, comparisons, ``& | ^ ~``, unary ``-`` and ``abs``, the
-in-place ``+=`` ...), indexing (``x[...]``) and Tensor methods (``x.exp()``, ``x.sum(1)``,
-``x.softmax(1)``, ...). Every one calls the class's ``__torch_function__`` with the matching
-``torch.Tensor`` method, so it runs through the same registry entry as ``torch.<op>(x)`` and
-``tensor.<op>(x)``. This module sits below :mod:`nestbatch.batch` and imports nothing of
-nestbatch.
+in-place ``+=`` ...) and indexing (``x[...]``). Each calls the class's ``__torch_function__``
+with the matching ``torch.Tensor`` method, so it runs through the same registry entry as
+``torch.<op>(x)``. The Tensor methods (``x.exp()``, ``x.sum(1)``, ``x.acos_()``, ...) are not
+listed here: the op registry (:mod:`nestbatch.ops.registry`) makes one with
+:func:`tensor_method` for every op it registers under a name ``torch.Tensor`` has. This module
+sits below :mod:`nestbatch.batch` and imports nothing of nestbatch.
 
 ``==`` returns a batch of bools (elementwise, as torch), so ``__hash__`` is the identity hash:
 batches stay usable as dict keys and set members, compared by identity there.
@@ -33,15 +34,23 @@ def _call(func: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
     return cls.__torch_function__(func, (cls,), (self, *args), kwargs)
 
 
-def _method(name: str) -> Callable:
-    func = getattr(torch.Tensor, name)
+def tensor_method(func: Callable, name: str) -> Callable:
+    """A method ``batch.<name>(*args, **kwargs)`` running ``func(batch, *args, **kwargs)``
+    through the class's ``__torch_function__`` (the op registry makes one per registered op)."""
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         return _call(func, self, *args, **kwargs)
 
     method.__name__ = name
+    method.__qualname__ = f"NestedBatch.{name}"
     method.__doc__ = f"Same as :meth:`torch.Tensor.{name}`, on the batch."
     return method
+
+
+def tensor_property(func: Callable, name: str) -> property:
+    """A property ``batch.<name>`` running ``func(batch)`` (for ``real`` / ``imag``, which are
+    properties of a tensor)."""
+    return property(lambda self: _call(func, self), doc=f"Same as ``torch.Tensor.{name}``.")
 
 
 def _operator(name: str, reflected: bool = False) -> Callable:
@@ -107,25 +116,6 @@ _BINARY = {
     "or": "bitwise_or", "xor": "bitwise_xor",
 }
 _COMPARISONS = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
-_METHODS = (
-    # elementwise
-    "abs", "neg", "sgn", "sign", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt",
-    "rsqrt", "square", "reciprocal", "sigmoid", "tanh", "sin", "cos", "tan", "atan", "erf",
-    "floor", "ceil", "round", "trunc", "frac", "relu", "isnan", "isinf", "isfinite",
-    "nan_to_num", "logical_not", "bitwise_not", "clamp", "clip", "clamp_min", "clamp_max",
-    "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow",
-    "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-    "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor", "lerp", "where", "masked_fill",
-    "equal", "allclose",
-    "float", "double", "half", "bfloat16", "long", "int", "short", "bool", "byte", "matmul",
-    "bmm",
-    # reductions
-    "sum", "nansum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin",
-    "logsumexp", "var", "std", "count_nonzero", "any", "all", "softmax", "log_softmax",
-    # shape and structure
-    "reshape", "view", "reshape_as", "view_as", "transpose", "swapaxes", "permute", "movedim",
-    "moveaxis", "select", "unsqueeze", "squeeze", "flatten", "tile", "repeat",
-)
 
 for _name, _torch_name in (_BINARY | _COMPARISONS).items():
     setattr(TensorMethods, f"__{_name}__", _operator(_torch_name))
@@ -134,8 +124,4 @@ for _name, _torch_name in _BINARY.items():
     inplace = getattr(torch.Tensor, _torch_name + "_", None)
     if inplace is not None:
         setattr(TensorMethods, f"__i{_name}__", _operator(_torch_name + "_"))
-for _name in _METHODS:
-    setattr(TensorMethods, _name, _method(_name))
-    if hasattr(torch.Tensor, _name + "_"):
-        setattr(TensorMethods, _name + "_", _method(_name + "_"))
 del _name, _torch_name, inplace

@@ -18,12 +18,16 @@ To support a new function, register it in one place::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from nestbatch.batch import NestedBatch, extend
 from nestbatch.layouts import Layout
+from nestbatch.tensor_methods import tensor_method, tensor_property
 
 Implementation = Callable[[Layout, Callable, tuple, dict], Any]
 
@@ -88,9 +92,43 @@ def register(
         for func in funcs:
             order = (prefer, *(layout for layout in layouts if layout is not prefer))
             _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order, fast)
+            _expose_as_method(func)
         return impl
 
     return decorate
+
+
+#: What the front object defines itself (its API, Python's operators, indexing): never replaced
+#: by a generated method.
+_OWN_NAMES = frozenset(name for cls in NestedBatch.__mro__[:-1] for name in vars(cls))
+
+#: The registered function behind each generated method.
+_METHOD_SOURCES: dict[str, Callable] = {}
+
+
+def _expose_as_method(func: Callable) -> None:
+    """Make ``func`` a method of :class:`~nestbatch.NestedBatch` under its name, when
+    ``torch.Tensor`` has that name: ``batch.acos()`` as ``torch.acos(batch)``. The
+    ``torch.Tensor`` spelling wins when several functions share the name (``F.softmax``,
+    ``torch.softmax``, ``Tensor.softmax``); names the front object defines are left alone."""
+    name = getattr(func, "__name__", None)
+    if not callable(func) or not name or name.startswith("_") or name in _OWN_NAMES:
+        return  # a tensor property registered as such (Tensor.real) is served by torch.real
+    attr = inspect.getattr_static(torch.Tensor, name, None)
+    if attr is None:
+        return
+    current = _METHOD_SOURCES.get(name)
+    if current is not None and current is getattr(torch.Tensor, name):
+        return
+    _METHOD_SOURCES[name] = func
+    made = tensor_property(func, name) if inspect.isdatadescriptor(attr) else \
+        tensor_method(func, name)
+    setattr(NestedBatch, name, made)
+
+
+def method_names() -> tuple[str, ...]:
+    """The names of the methods the registry gave :class:`~nestbatch.NestedBatch`."""
+    return tuple(sorted(_METHOD_SOURCES))
 
 
 def lookup(func: Callable) -> OpEntry | None:
