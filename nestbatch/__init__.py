@@ -30,6 +30,7 @@ from nestbatch.batching_helpers import (
 from nestbatch.collation import collate, pack
 from nestbatch.factories import as_nested, nested
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
+from nestbatch.ops.interop import accept_nested_batches
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "RaggedBatch",
     "RowPartition",
     "TensorList",
+    "accept_nested_batches",
     "apply_mask_to_tensor",
     "as_nested",
     "average_over_targets",

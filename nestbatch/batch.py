@@ -7,7 +7,6 @@ caches the result; results of ops are new batches, and nothing mutates a cached 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -588,10 +587,11 @@ class NestedBatch(TensorMethods):
         if kind == "batch":
             return self.batch_size
         if kind == "ragged":
-            if dim == 1 and _asked_by_time_major_rnn():
-                return self.batch_size
             raise ValueError(
-                f"dim {dim} is ragged and has no single size; use .lengths or .shape_per_sample"
+                f"dim {dim} is ragged and has no single size; use .lengths or .shape_per_sample "
+                "(an nn.RNN / LSTM / GRU with batch_first=False reads its batch size as size(1): "
+                "build it with batch_first=True, or call nestbatch.accept_nested_batches(module) "
+                "once)"
             )
         return self.feature_shape[stored - 1]
 
@@ -949,24 +949,6 @@ def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -
     _check_host_lengths((total,), num_rows, None)
     if max_len is not None and longest > max_len:
         _check_host_lengths((longest,), longest, max_len)
-
-
-def _asked_by_time_major_rnn() -> bool:
-    """Whether ``size(1)`` was called by ``nn.RNN/LSTM/GRU.forward`` with ``batch_first=False``.
-
-    Those modules read the batch size of a time-major ``(T, B, F)`` input as ``input.size(1)``
-    before any torch function runs. A batch of sequences is the same batch whatever the module's
-    ``batch_first`` is (the RNN itself runs through a PackedSequence, see
-    :mod:`nestbatch.ops.interop`), so for that one caller dim 1 answers with the batch size.
-    Only reached on the error path of :meth:`NestedBatch.size`.
-    """
-    caller = sys._getframe(2)
-    module = caller.f_locals.get("self")
-    return (
-        isinstance(module, torch.nn.RNNBase)
-        and not module.batch_first
-        and caller.f_code.co_filename == torch.nn.modules.rnn.__file__
-    )
 
 
 # ================================================================ internal API for the ops

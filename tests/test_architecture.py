@@ -90,3 +90,15 @@ def test_upper_layers_use_no_private_attribute_of_a_batch():
             if private.search(line):
                 offenders.append(f"{path.name}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_no_answer_depends_on_who_asks():
+    """No code of the package inspects its caller's frames (answers depend on arguments only)."""
+    frames = re.compile(r"sys\._getframe|inspect\.(stack|currentframe|getouterframes)|f_back\b")
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{number}"
+        for path in PACKAGE.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if frames.search(line)
+    ]
+    assert offenders == []

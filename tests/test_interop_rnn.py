@@ -44,7 +44,7 @@ def _states_close(a, b):
 def test_rnn_on_nested_batch_matches_packed_sequence(make, with_h0, batch_first):
     # A batch of sequences is consumed the same way whatever the module's batch_first is.
     torch.manual_seed(0)
-    module = make(batch_first)
+    module = nestbatch.accept_nested_batches(make(batch_first))
     samples = _sentences([3, 4, 2, 4])
     hx = None
     if with_h0:
@@ -134,7 +134,7 @@ def test_seed_004_walkthrough():
 
     # The same through the batch directly, with the seed's time-major module and a batch_first
     # copy: a NestedBatch is a batch of sequences either way.
-    direct, direct_hn = rnn(nt, h0)
+    direct, direct_hn = nestbatch.accept_nested_batches(rnn)(nt, h0)
     assert torch.allclose(direct.to_padded(0), padded_output) and torch.allclose(direct_hn, hn)
     rnn_bf = nn.RNN(5, 3, 2, batch_first=True)
     rnn_bf.load_state_dict(rnn.state_dict())
@@ -160,3 +160,28 @@ def test_ragged_size_is_still_refused_outside_time_major_rnns():
     batch = nestbatch.nested(_sentences([2, 3]))
     with pytest.raises(ValueError, match="ragged"):
         batch.size(1)
+
+
+def test_time_major_modules_take_batches_once_told_and_never_by_who_asks():
+    """``size(1)`` answers the same whoever calls it; a time-major module gets the batch as a
+    view through its forward pre-hook, registered once by ``accept_nested_batches``."""
+    torch.manual_seed(0)
+    samples = _sentences([2, 0, 3])
+    batch = nestbatch.nested(samples)
+    plain = nn.GRU(5, 4)
+    with pytest.raises(ValueError, match="accept_nested_batches"):
+        plain(batch)
+    model = nn.Sequential(nn.GRU(5, 4))
+    assert nestbatch.accept_nested_batches(model) is model
+    nestbatch.accept_nested_batches(model)  # idempotent: one hook per module
+    assert len(model[0]._forward_pre_hooks) == 1
+    out, h = model[0](batch)
+    kept = [s for s in samples if len(s)]
+    ref_out, ref_h = _reference(model[0], kept, None)
+    assert out.lengths.tolist() == [2, 0, 3] and h.shape == (1, 3, 4)
+    assert torch.allclose(out.tolist()[2], ref_out[1], atol=1e-6)
+    assert torch.equal(h[:, 1], torch.zeros(1, 4))  # the empty sample keeps its initial state
+    with pytest.raises(ValueError, match="ragged"):
+        batch.size(1)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        nestbatch.accept_nested_batches(batch)

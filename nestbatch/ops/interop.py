@@ -14,6 +14,12 @@ RNN / LSTM / GRU
     ``(NestedBatch of outputs, h_n)`` (``(NestedBatch, (h_n, c_n))`` for an LSTM) without any
     patching of torch. Zero-length samples, which a ``PackedSequence`` cannot hold, are left out
     of the kernel: their output is empty and their final state is their initial one.
+
+    A module with ``batch_first=True`` takes a batch as it is. One with ``batch_first=False``
+    (time-major, torch's default) reads its batch size as ``input.size(1)``, a ragged dim of a
+    batch: :func:`accept_nested_batches` registers a forward pre-hook on such modules that hands
+    them the batch as a view whose ``size(1)`` is the batch size. (A hook on every module of the
+    process would slow every module call; the answer never depends on who asks.)
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-from nestbatch.batch import NestedBatch
+from nestbatch.batch import NestedBatch, stored_layout
 from nestbatch.convert.packed_sequence import (
     packed_sequence_to_packed,
     packed_to_packed_sequence,
@@ -159,3 +165,51 @@ def _empty_output(batch: NestedBatch, h0: Tensor, bidirectional: bool) -> Nested
     width = h0.shape[-1] * (2 if bidirectional else 1)
     values = h0.new_empty((0, width))
     return NestedBatch.from_lengths(values, list(batch.partition.host_lengths), validate=False)
+
+
+# =================================================================== time-major RNN modules
+class TimeMajorSequences(NestedBatch):
+    """A batch of sequences as a time-major RNN module reads it: ``size(1)`` is the batch size
+    (the module's ``(T, B, F)`` convention). Made by the hook of :func:`accept_nested_batches`;
+    everything else is the batch's own (the recurrent kernels above run on it)."""
+
+    def size(self, dim: int | None = None) -> int:
+        if dim is not None and -self.dim() <= dim < self.dim() and dim % self.dim() == 1:
+            return self.batch_size
+        return super().size(dim)
+
+
+def accept_nested_batches(module: torch.nn.Module) -> torch.nn.Module:
+    """Let the time-major RNN modules in ``module`` take a :class:`~nestbatch.NestedBatch`.
+
+    Registers, once per module, a forward pre-hook on every ``nn.RNN`` / ``nn.LSTM`` /
+    ``nn.GRU`` with ``batch_first=False`` in ``module`` (itself included) that hands a batch of
+    sequences to the module as a :class:`TimeMajorSequences` view. Modules with
+    ``batch_first=True`` need nothing. The result is the same either way: a batch of outputs and
+    the final states, as for a ``PackedSequence``.
+
+    Returns
+    -------
+    torch.nn.Module
+        ``module``, for chaining (``rnn = accept_nested_batches(nn.LSTM(8, 16))``).
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.RNNBase) and not getattr(sub, _HOOKED, False):
+            sub.register_forward_pre_hook(_present_time_major)
+            setattr(sub, _HOOKED, True)
+    return module
+
+
+_HOOKED = "_nestbatch_accepts_batches"
+
+
+def _present_time_major(module: torch.nn.RNNBase, args: tuple) -> tuple | None:
+    if module.batch_first or not args or type(args[0]) is not NestedBatch:
+        return None
+    batch = args[0]
+    if batch.num_ragged_dims != 1 or batch.ragged_dim != 1:
+        return None  # the recurrent kernels refuse it with their own message
+    view = TimeMajorSequences.trusted(stored_layout(batch))
+    return (view, *args[1:])
