@@ -39,8 +39,8 @@ def show_sentences() -> None:
     print("packed values:", batch.values.tolist())
     print("padded with -1:\n", batch.padded(padding_value=-1).data)
     print("mask:\n", batch.mask)
-    print("first two tokens of every sentence:", [t.tolist() for t in batch[:, :2].tolist()])
-    print("last token of every sentence:     ", [t.tolist() for t in batch[:, -1:].tolist()])
+    print("first two tokens of every sentence:", batch[:, :2].tolist())
+    print("last token of every sentence:     ", batch[:, -1:].tolist())
     print("layouts materialized so far:", [layout.value for layout in batch.materialized_layouts])
 
 
@@ -86,7 +86,7 @@ def time_conversions(batch_size: int, max_len: int, features: int) -> None:
         ("list -> padded", lambda: NestedBatch.from_list(samples).padded()),
         ("packed -> padded", lambda: NestedBatch(packed).padded()),
         ("padded -> packed", lambda: NestedBatch.from_padded(padded_data, lengths).packed()),
-        ("packed -> list", lambda: NestedBatch(packed).tolist()),
+        ("packed -> list", lambda: NestedBatch(packed).unbind()),
         ("torch pad_sequence (reference)",
          lambda: torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)),
         ("plain copy of the values (reference)", lambda: packed.values.clone()),

@@ -40,10 +40,10 @@ def main() -> None:
 
     # A tagging loss over the padded outputs, padded slots ignored.
     tagger = nn.Linear(16, 3)
-    logits = tagger(outputs.to_padded(0.0))
+    logits = tagger(outputs.to_padded_tensor(0.0))
     targets = outputs.with_values(torch.randint(0, 3, (outputs.values.shape[0],)))
     loss = nn.functional.cross_entropy(
-        logits.reshape(-1, 3), targets.to_padded(-100).reshape(-1), ignore_index=-100
+        logits.reshape(-1, 3), targets.to_padded_tensor(-100).reshape(-1), ignore_index=-100
     )
     loss.backward()
     print(f"tagging loss: {loss.item():.4f}")

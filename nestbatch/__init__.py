@@ -29,6 +29,12 @@ from nestbatch.batching_helpers import (
 )
 from nestbatch.collation import collate, pack
 from nestbatch.factories import as_nested, nested
+from nestbatch.interop import (
+    from_nested_tensor,
+    from_packed_sequence,
+    to_nested_tensor,
+    to_packed_sequence,
+)
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 from nestbatch.ops.interop import accept_nested_batches
 
@@ -67,6 +73,8 @@ __all__ = [
     "batched_inverse_indexing_access",
     "collate",
     "combine_data",
+    "from_nested_tensor",
+    "from_packed_sequence",
     "get_compact_from_named_tuple",
     "get_compact_lists",
     "get_indices_from_mask",
@@ -75,4 +83,6 @@ __all__ = [
     "pack",
     "squeeze_except_batch_and_sample",
     "sum_over_targets",
+    "to_nested_tensor",
+    "to_packed_sequence",
 ]

@@ -336,10 +336,6 @@ class NestedBatch(TensorMethods):
         dim; see :meth:`RaggedBatch.from_nested_batch`)."""
         return _EXTENSIONS["to_ragged_batch"](self)
 
-    def _require_leading_ragged(self, what: str) -> None:
-        if self._ragged_dim != 1:
-            raise moved_ragged_error(self, what)
-
     # ============================================================================ layouts
     def _remember(self, layout: RaggedLayout) -> None:
         if isinstance(layout, Padded):
@@ -436,13 +432,28 @@ class NestedBatch(TensorMethods):
             self._cache[key] = layout
         return layout
 
-    def tolist(self) -> list[Tensor]:
-        """The samples as a list of tensors (views into the stored data where possible).
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        """The samples, as views into the stored data where possible (``torch.nested``'s
+        ``unbind``).
 
-        In logical order: with the ragged dim at :attr:`ragged_dim` (a view of the stored
-        sample).
+        In logical order: with the ragged dim at :attr:`ragged_dim`. Slicing needs the
+        per-sample sizes on the host: read once (a sync) if only the device has them, then
+        cached.
         """
-        return [self._logical(t) for t in self.tensor_list().tensors]
+        if dim != 0:
+            raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
+        return tuple(self._logical(t) for t in self.tensor_list().tensors)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.unbind())
+
+    def tolist(self) -> list:
+        """The samples as nested Python lists of numbers (``Tensor.tolist``; TF ``to_list``).
+
+        Reads every value on the host (a device sync on a GPU): the result is Python data. For
+        the samples as tensors, :meth:`unbind`.
+        """
+        return [sample.tolist() for sample in self.unbind()]
 
     def _logical(self, sample: Tensor) -> Tensor:
         # A stored sample (ragged dim first) as the logical one: a view, no copy.
@@ -734,23 +745,9 @@ class NestedBatch(TensorMethods):
         """Apply ``fn`` to the packed values (TF ``map_flat_values``); keeps the structure."""
         return self.with_values(fn(self.values))
 
-    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
-        """The samples in logical order, as views into the stored data (as ``torch.nested``'s
-        ``unbind``).
-
-        Slicing needs the per-sample sizes on the host: read once (a sync) if only the device has
-        them, then cached.
-        """
-        if dim != 0:
-            raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
-        return tuple(self.tolist())
-
-    def __iter__(self) -> Iterator[Tensor]:
-        return iter(self.unbind())
-
-    def sample(self, i: int) -> Tensor:
+    def _sample(self, i: int) -> Tensor:
         """Sample ``i`` in logical order, a view into the stored data (negative ``i`` counts
-        from the end)."""
+        from the end): what ``batch[i]`` returns."""
         if not -self.batch_size <= i < self.batch_size:
             raise IndexError(f"sample index {i} out of range for batch size {self.batch_size}")
         i %= self.batch_size
@@ -766,48 +763,9 @@ class NestedBatch(TensorMethods):
             sample = sample.narrow(d, 0, size)
         return self._logical(sample)
 
-    # ====================================== interop (PackedSequence, torch.nested, TensorFlow)
-    # Thin delegations to nestbatch.convert.{packed_sequence,nested_tensor,tensorflow}, imported
-    # lazily so that importing the batch does not import every format it can convert to.
-    @classmethod
-    def from_packed_sequence(cls, sequence: torch.nn.utils.rnn.PackedSequence) -> NestedBatch:
-        """Batch of the sequences of a ``PackedSequence`` (sorted or not), in sample order.
-
-        The lengths come from its CPU ``batch_sizes``, so no device sync; one gather of the rows.
-        """
-        from nestbatch.convert.packed_sequence import packed_sequence_to_packed
-
-        return cls(packed_sequence_to_packed(sequence))
-
-    def to_packed_sequence(self) -> torch.nn.utils.rnn.PackedSequence:
-        """The batch as a ``PackedSequence`` (unsorted: sample order is kept by its indices).
-
-        Needs one ragged dim and no zero-length sample; reads the lengths on the host once if
-        only the device has them (``batch_sizes`` lives on the CPU).
-        """
-        from nestbatch.convert.packed_sequence import packed_to_packed_sequence
-
-        self._require_leading_ragged("to_packed_sequence")
-        return packed_to_packed_sequence(self.packed())
-
-    @classmethod
-    def from_nested_tensor(cls, nt: Tensor, num_ragged_dims: int | None = None) -> NestedBatch:
-        """Batch of a ``torch.nested`` tensor; a contiguous jagged one shares its storage.
-
-        ``num_ragged_dims`` applies to a strided nested tensor (default: inferred from the
-        sample shapes); a jagged one has one ragged dim.
-        """
-        from nestbatch.convert.nested_tensor import nested_tensor_to_layout
-
-        return cls(nested_tensor_to_layout(nt, num_ragged_dims))
-
-    def to_nested_tensor(self) -> Tensor:
-        """A jagged ``torch.nested`` tensor sharing the packed values (one ragged dim only)."""
-        from nestbatch.convert.nested_tensor import packed_to_nested_tensor
-
-        self._require_leading_ragged("to_nested_tensor")
-        return packed_to_nested_tensor(self.packed())
-
+    # ====================================================================== TensorFlow names
+    # The names TF users call on a RaggedTensor (the conversions to other formats are functions
+    # of nestbatch.interop). The helpers live in nestbatch.convert.tensorflow.
     @classmethod
     def from_row_starts(
         cls, values: Tensor, row_starts: Tensor | Sequence[int], *, validate: bool = True
@@ -831,16 +789,31 @@ class NestedBatch(TensorMethods):
         return cls.from_offsets(values, offsets_from_row_limits(row_limits), validate=validate)
 
     @classmethod
-    def from_trailing_padding(cls, data: Tensor, padding_value: float) -> NestedBatch:
-        """Batch from ``data (B, N, *feature)`` whose rows end in ``padding_value`` slots.
+    def from_tensor(
+        cls,
+        tensor: Tensor,
+        lengths: Tensor | Sequence[int] | None = None,
+        padding: float | None = None,
+    ) -> NestedBatch:
+        """Batch from padded ``tensor (B, N, *feature)`` (TF ``RaggedTensor.from_tensor``).
 
-        Trailing slots whose entries all equal ``padding_value`` are cut (TF ``from_tensor(x,
-        padding=...)``); padding inside a row is kept. Shares ``data``.
+        With ``lengths``: :meth:`from_padded`. With ``padding``: the trailing slots whose entries
+        all equal ``padding`` are cut (padding inside a row is kept). With neither: every row is
+        whole. Shares ``tensor``.
         """
         from nestbatch.convert.tensorflow import lengths_without_trailing_padding
 
-        lengths = lengths_without_trailing_padding(data, padding_value)
-        return cls.from_padded(data, lengths, validate=False)
+        check_tensor(tensor, "tensor")
+        if lengths is not None and padding is not None:
+            raise ValueError("give lengths or padding, not both (as TF's from_tensor)")
+        if tensor.dim() < 2:
+            raise ValueError(f"tensor must have shape (B, N, *feature), got {tuple(tensor.shape)}")
+        if padding is not None:
+            return cls.from_padded(tensor, lengths_without_trailing_padding(tensor, padding),
+                                   validate=False)
+        if lengths is None:
+            lengths = [tensor.shape[1]] * tensor.shape[0]
+        return cls.from_padded(tensor, lengths)
 
     def row_starts(self) -> Tensor:
         """``(B,)`` int64: where every sample starts in the packed values (``offsets[:-1]``)."""
@@ -860,24 +833,63 @@ class NestedBatch(TensorMethods):
         dims = [next(maxima) if size is None else size for size in self.sample_shape]
         return torch.tensor([self.batch_size, *dims], dtype=torch.int64)
 
-    def to_padded(
-        self, padding_value: float = 0.0, max_shape: Sequence[int | None] | None = None
+    def to_tensor(
+        self, default_value: float = 0.0, shape: Sequence[int | None] | None = None
     ) -> Tensor:
-        """The padded tensor ``(B, *max_shape, *feature)`` (TF ``to_tensor(default_value)``).
+        """TF's name for :meth:`to_padded_tensor`: ``shape`` is the full logical shape (None
+        entries: the maximum)."""
+        return self.to_padded_tensor(default_value, shape)
 
-        In logical order: ``padded(padding_value, max_shape).data`` with the ragged dim moved to
-        :attr:`ragged_dim` (a view); the padded layout itself is cached when ``max_shape`` is
-        None.
+    def to_list(self) -> list:
+        """TF's name for :meth:`tolist`."""
+        return self.tolist()
+
+    # ======================================================================= padded tensor
+    def to_padded_tensor(
+        self, padding: float = 0.0, output_size: Sequence[int | None] | None = None
+    ) -> Tensor:
+        """The padded tensor ``(B, *padded ragged sizes, *feature)`` in logical order
+        (``torch.nested.to_padded_tensor``).
+
+        Parameters
+        ----------
+        padding : float, default 0
+            Filler of the slots past each sample.
+        output_size : sequence of int, optional
+            The full logical shape of the result (as torch's): the batch size and feature sizes
+            as the batch has them, each ragged size at least the longest sample (None or -1:
+            the longest). Default: the tightest.
+
+        Returns
+        -------
+        Tensor
+            ``padded(padding, ...).data`` with the ragged dim moved to :attr:`ragged_dim` (a
+            view); the padded layout itself is cached when ``output_size`` is None.
         """
-        data = self.padded(padding_value, max_shape).data
+        data = self.padded(padding, self._ragged_sizes_of(output_size)).data
         return data if self._ragged_dim == 1 else data.movedim(1, self._ragged_dim)
 
-    def to_pylist(self) -> list:
-        """The samples as nested Python lists of numbers (TF ``to_list``).
-
-        Reads every value on the host (a device sync on a GPU): the result is Python data.
-        """
-        return [sample.tolist() for sample in self.tolist()]
+    def _ragged_sizes_of(self, output_size: Sequence[int | None] | None) -> list | None:
+        """The padded ragged sizes an ``output_size`` (the full logical shape) asks for."""
+        if output_size is None:
+            return None
+        output_size = tuple(output_size)
+        wanted = (self.batch_size, *self.sample_shape)
+        if len(output_size) != len(wanted):
+            raise ValueError(
+                f"output_size must have {len(wanted)} entries (the batch, then the logical "
+                f"sample shape {tuple(self.sample_shape)}), got {output_size}"
+            )
+        ragged = []
+        for dim, (size, have) in enumerate(zip(output_size, wanted)):
+            if have is None:
+                ragged.append(None if size is None or size == -1 else size)
+            elif size is not None and size != -1 and size != have:
+                raise ValueError(
+                    f"output_size[{dim}]={size} does not match the batch's size {have} there; "
+                    "only ragged dims are padded"
+                )
+        return ragged
 
     def pin_memory(self) -> NestedBatch:
         """The batch with its data in page-locked memory (``DataLoader(pin_memory=True)``)."""
@@ -959,6 +971,11 @@ def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
     if kind is Layout.PADDED:
         return next((lay for key, lay in batch._cache.items() if type(key) is tuple), None)
     return batch._cache.get(kind)
+
+
+def sample_of(batch: NestedBatch, i: int) -> Tensor:
+    """Sample ``i`` of ``batch`` in logical order, a view where possible (``batch[i]``)."""
+    return batch._sample(i)
 
 
 def stored_layout(batch: NestedBatch) -> RaggedLayout:
@@ -1049,7 +1066,7 @@ def _format_batch(batch: NestedBatch, max_samples: int = 6) -> str:
     shown = min(batch.batch_size, max_samples)
     lines = []
     for i in range(shown):
-        text = repr(batch.sample(i).detach()).replace("\n", "\n    ")
+        text = repr(batch._sample(i).detach()).replace("\n", "\n    ")
         lines.append(f"    {text},")
     if batch.batch_size > shown:
         lines.append(f"    ... ({batch.batch_size - shown} more)")

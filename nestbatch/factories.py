@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch
+from nestbatch.interop import from_nested_tensor, from_packed_sequence
 from nestbatch.layouts import Layout, Packed, TensorList
 
 
@@ -88,9 +89,9 @@ def _wrap(data: Any, num_ragged_dims: int, dtype: Any, device: Any) -> NestedBat
     if isinstance(data, (Packed, TensorList)) or type(data).__name__ == "Padded":
         return NestedBatch(data)
     if isinstance(data, torch.nn.utils.rnn.PackedSequence):
-        return NestedBatch.from_packed_sequence(data)
+        return from_packed_sequence(data)
     if isinstance(data, Tensor) and data.is_nested:
-        return NestedBatch.from_nested_tensor(data)
+        return from_nested_tensor(data)
     if type(data).__name__ == "RaggedBatch":
         return NestedBatch.from_ragged_batch(data)
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes, Tensor)):

@@ -934,7 +934,7 @@ class RaggedBatch:
         """Convert to a :class:`nestbatch.NestedBatch` (padded layout, zero copy).
 
         The inverse of :meth:`from_nested_batch`: the batch presents its ragged dim at
-        ``ragged_dim == non_uniform_dim``, so ``nb.tolist()`` gives this batch's samples in
+        ``ragged_dim == non_uniform_dim``, so ``nb.unbind()`` gives this batch's samples in
         their own dim order, and ``RaggedBatch.from_nested_batch(nb)`` shares this tensor
         again with the same ``non_uniform_dim``.
 

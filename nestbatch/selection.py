@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from nestbatch._validation import read_device_values
-from nestbatch.batch import NestedBatch, cached_layout, with_ragged_dim
+from nestbatch.batch import NestedBatch, cached_layout, sample_of, with_ragged_dim
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 from nestbatch.ops.registry import register
 
@@ -46,7 +46,7 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     head, rest = index[0], index[1:]
     if _is_integer(head):
         i = operator.index(head)
-        return batch.sample(i)[rest] if rest else batch.sample(i)
+        return sample_of(batch, i)[rest] if rest else sample_of(batch, i)
     if batch.ragged_dim != 1:
         return _getitem_moved(batch, head, rest)
     if not (isinstance(head, slice) and head == slice(None)):

@@ -136,7 +136,7 @@ def test_batch_mask_matches_per_sample(layout, per_head, kind):
     masks = _sample_masks(LQ, LK, kind, per_head)
     out = _attend(q, k, v, _mask_batch(masks), layout)
     expected = reference(q, k, v, masks, layout)
-    _close(out.tolist(), expected)
+    _close(out.unbind(), expected)
     assert out.ragged_dim == (2 if layout == "HLE" else 1)
 
 
@@ -144,7 +144,7 @@ def test_batch_mask_matches_per_sample(layout, per_head, kind):
 def test_fully_masked_rows_are_exact_zeros_as_torch(kind):
     q, k, v = _qkv((3, 2), (4, 2), "LHE")
     masks = _sample_masks((3, 2), (4, 2), kind, per_head=True)
-    out = _attend(q, k, v, _mask_batch(masks), "LHE").tolist()
+    out = _attend(q, k, v, _mask_batch(masks), "LHE").unbind()
     for sample, expected in zip(out, reference(q, k, v, masks, "LHE")):
         assert torch.equal(sample[0], torch.zeros_like(sample[0]))
         assert torch.equal(expected[0], sample[0])  # torch gives zeros too, not NaN
@@ -154,7 +154,7 @@ def test_one_sample_and_a_heads_broadcast_mask():
     q, k, v = _qkv((3,), (5,), "LHE")
     masks = _sample_masks((3,), (5,), "float", per_head=False)
     stored = nestbatch.nested([masks[0][..., None]], num_ragged_dims=2)  # (Lq, Lk, 1)
-    _close(_attend(q, k, v, stored, "LHE").tolist(), reference(q, k, v, masks, "LHE"))
+    _close(_attend(q, k, v, stored, "LHE").unbind(), reference(q, k, v, masks, "LHE"))
 
 
 def test_mask_given_positionally_and_queries_padded_beyond_the_longest():
@@ -167,7 +167,7 @@ def test_mask_given_positionally_and_queries_padded_beyond_the_longest():
     out = F.scaled_dot_product_attention(
         padded_q, nestbatch.nested(k), nestbatch.nested(v), _mask_batch(masks)
     )
-    _close(out.tolist(), reference(q, k, v, masks, "LE"))
+    _close(out.unbind(), reference(q, k, v, masks, "LE"))
 
 
 def test_sizes_known_only_on_the_device():
@@ -178,7 +178,7 @@ def test_sizes_known_only_on_the_device():
     flat = torch.cat([m.reshape(-1) for m in masks])
     mask = NestedBatch.from_shapes(flat, torch.tensor([[2, 3], [3, 1]]))
     assert not batches[0].partition.knows_host_shapes
-    _close(F.scaled_dot_product_attention(*batches, attn_mask=mask).tolist(),
+    _close(F.scaled_dot_product_attention(*batches, attn_mask=mask).unbind(),
            reference(q, k, v, masks, "LE"))
     wrong = NestedBatch.from_shapes(flat, torch.tensor([[3, 2], [3, 1]]))
     with pytest.raises(ValueError, match=r"expected \[\(2, 3\), \(3, 1\)\], got \[\(3, 2\)"):
@@ -197,7 +197,7 @@ def test_dense_mask_in_padded_coordinates(layout, kind, broadcast):
     shape = (max(LQ), max(LK)) if broadcast else (len(LQ), *heads, max(LQ), max(LK))
     dense = _mask_off_first_row(_random_mask(shape, kind, gen))
     out = _attend(q, k, v, dense, layout)
-    _close(out.tolist(), reference(q, k, v, _dense_masks(dense, LQ, LK, layout), layout))
+    _close(out.unbind(), reference(q, k, v, _dense_masks(dense, LQ, LK, layout), layout))
 
 
 def test_dense_mask_entries_at_padding_are_ignored():
@@ -206,7 +206,7 @@ def test_dense_mask_entries_at_padding_are_ignored():
     noisy = dense.clone()
     noisy[0, 1:] = torch.nan  # padded queries of sample 0
     noisy[0, :, 2] = -torch.inf  # its padded key
-    _close(_attend(q, k, v, noisy, "LE").tolist(), _attend(q, k, v, dense, "LE").tolist())
+    _close(_attend(q, k, v, noisy, "LE").unbind(), _attend(q, k, v, dense, "LE").unbind())
 
 
 # ------------------------------------------------------------------------------ random shapes
@@ -230,7 +230,7 @@ def test_random_ragged_shapes(lengths, layout, kind, dense, per_head, seed):
     else:
         masks = _sample_masks(lq, lk, kind, per_head, seed)
         mask = _mask_batch(masks)
-    _close(_attend(q, k, v, mask, layout).tolist(), reference(q, k, v, masks, layout))
+    _close(_attend(q, k, v, mask, layout).unbind(), reference(q, k, v, masks, layout))
 
 
 # ------------------------------------------------------------------------------ gradients
@@ -308,7 +308,7 @@ def test_is_causal_with_a_mask_raises_as_torch():
     with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal=True"):
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
     with pytest.raises(RuntimeError, match="is_causal=True"):  # torch's own behaviour
-        F.scaled_dot_product_attention(q.tolist()[0], k.tolist()[0], v.tolist()[0],
+        F.scaled_dot_product_attention(q.unbind()[0], k.unbind()[0], v.unbind()[0],
                                        attn_mask=mask[0], is_causal=True)
 
 
@@ -344,4 +344,4 @@ def test_wrong_mask_dtype_and_device():
     # torch also takes float32 masks for float64 queries.
     mask = torch.zeros(2, 2, 3)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    _close(out.tolist(), F.scaled_dot_product_attention(q, k, v).tolist())
+    _close(out.unbind(), F.scaled_dot_product_attention(q, k, v).unbind())

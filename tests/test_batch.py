@@ -34,7 +34,7 @@ def test_tensorflow_factories_agree():
         nestbatch.nested(digits()),
     ]
     for batch in batches:
-        assert [t.tolist() for t in batch.tolist()] == expected
+        assert batch.tolist() == expected
         assert batch.offsets.tolist() == [0, 4, 4, 7, 8, 8]
         assert batch.lengths.tolist() == [4, 0, 3, 1, 0]
         assert batch.row_ids.tolist() == [0, 0, 0, 0, 2, 2, 2, 3]
@@ -53,7 +53,7 @@ def test_from_padded_with_lengths_mask_and_shapes():
     by_mask = NestedBatch.from_padded(data, mask=data != -1)
     by_shapes = NestedBatch.from_padded(data, shape_per_sample=torch.tensor([[2], [1], [4]]))
     for batch in (by_lengths, by_list, by_mask, by_shapes):
-        assert [t.tolist() for t in batch.tolist()] == expected
+        assert batch.tolist() == expected
         assert batch.padded().data.tolist() == [[1, 3, 0, 0], [2, 0, 0, 0], [4, 5, 8, 9]]
     # The padded data is shared, not copied, and a known filler is not refilled.
     assert by_lengths.padded(-1).data is data
@@ -70,7 +70,7 @@ def test_from_shapes_images_of_different_height_and_width():
     assert padded.data.shape == (2, 64, 32, 3)
     assert torch.equal(padded.data[0, :32, :32], t0) and torch.equal(padded.data[1, :, :16], t1)
     assert padded.mask.shape == (2, 64, 32)
-    assert_same_samples(batch.tolist(), [t0, t1])
+    assert_same_samples(batch.unbind(), [t0, t1])
     assert batch.padded(max_shape=(128, 128)).data.shape == (2, 128, 128, 3)
 
 
@@ -92,7 +92,7 @@ def test_every_constructor_round_trips(case):
             NestedBatch.from_padded(padded.data, mask=padded.mask),
         ]
     for batch in rebuilt:
-        assert_same_samples(batch.tolist(), samples)
+        assert_same_samples(batch.unbind(), samples)
         assert torch.equal(batch.padded().data, padded.data)
 
 
@@ -103,7 +103,7 @@ def test_nested_copies_and_as_nested_keeps_history():
     assert copy.layout is Layout.PACKED and copy.requires_grad
     assert copy.values.grad_fn is None  # a new leaf
     view = nestbatch.as_nested([a, b])
-    assert view.layout is Layout.LIST and view.tolist()[0] is a
+    assert view.layout is Layout.LIST and view.unbind()[0] is a
     view.padded().data.sum().backward()
     assert torch.equal(a.grad, torch.ones_like(a))
     assert nestbatch.as_nested(view) is view
@@ -152,7 +152,7 @@ def test_device_only_sizes_are_read_once(monkeypatch):
     original = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: calls.append(1) or original(t))
     batch.padded()
-    batch.tolist()
+    batch.unbind()
     batch.padded(-1)
     assert len(calls) <= 2  # max shape once, per-sample shapes once
 
@@ -185,10 +185,10 @@ def test_to_dtype_device_detach_clone():
     assert batch.to("cpu") is batch and batch.cpu() is batch
     assert batch.to(dtype=torch.float32) is batch
     detached = batch.detach()
-    assert not detached.requires_grad and detached.tolist()[0].data_ptr() == a.data_ptr()
+    assert not detached.requires_grad and detached.unbind()[0].data_ptr() == a.data_ptr()
     cloned = batch.clone()
-    assert cloned.tolist()[0].data_ptr() != a.data_ptr()
-    assert_same_samples(cloned.detach().tolist(), [a, b])
+    assert cloned.unbind()[0].data_ptr() != a.data_ptr()
+    assert_same_samples(cloned.detach().unbind(), [a, b])
     packed = nestbatch.nested([a, b])
     assert packed.to(torch.int64).values.dtype == torch.int64
     padded = packed.to(Layout.PADDED)
@@ -229,13 +229,13 @@ def test_pickle_round_trip():
     batch.padded()
     clone = pickle.loads(pickle.dumps(batch))
     assert clone.materialized_layouts == (Layout.PACKED,)
-    assert_same_samples(clone.tolist(), batch.tolist())
+    assert_same_samples(clone.unbind(), batch.unbind())
 
 
 def test_with_values_and_map_values():
     batch = nestbatch.nested(digits())
     doubled = batch.map_values(lambda v: v * 2 + 1)
-    assert [t.tolist() for t in doubled.tolist()] == [[7, 3, 9, 3], [], [11, 19, 5], [13], []]
+    assert doubled.tolist() == [[7, 3, 9, 3], [], [11, 19, 5], [13], []]
     assert doubled.partition is batch.partition
     with pytest.raises(ValueError, match="8 rows"):
         batch.with_values(torch.zeros(3))

@@ -53,7 +53,7 @@ def test_tuples_namedtuples_images_and_forced_ragged():
     images = [torch.randn(4, 3, 2), torch.randn(2, 5, 2)]
     batch = collate([(images[0], 1), (images[1], 2)])
     assert isinstance(batch, tuple) and batch[0].num_ragged_dims == 2
-    assert all(torch.equal(a, b) for a, b in zip(batch[0].tolist(), images))
+    assert all(torch.equal(a, b) for a, b in zip(batch[0].unbind(), images))
     pairs = collate([Pair(torch.ones(2, 3), 0), Pair(torch.ones(5, 3), 1)])
     assert isinstance(pairs, Pair) and pairs.points.lengths.tolist() == [2, 5]
     equal = [{"tokens": torch.arange(3)}, {"tokens": torch.arange(3)}]
@@ -78,7 +78,7 @@ def test_nested_batch_pickles(layout):
     batch = nestbatch.nested([torch.randn(2, 3), torch.randn(0, 3), torch.randn(4, 3)]).to(layout)
     back = pickle.loads(pickle.dumps(batch))
     assert back.layout is layout
-    assert all(torch.equal(a, b) for a, b in zip(back.tolist(), batch.tolist()))
+    assert all(torch.equal(a, b) for a, b in zip(back.unbind(), batch.unbind()))
 
 
 def test_dataloader_with_workers_and_pin_memory():

@@ -32,7 +32,7 @@ def test_bad_fillers_on_every_layout(layout, dtype, value):
     with pytest.raises(error, match="padding_value"):
         _batch(dtype, layout).padded(value)
     with pytest.raises(error, match="padding_value"):
-        _batch(dtype, layout).to_padded(value)
+        _batch(dtype, layout).to_padded_tensor(value)
 
 
 @pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])

@@ -260,7 +260,7 @@ def cases(draw) -> Case:
 
 # ------------------------------------------------------------------------------ checking
 def _same_samples(batch: NestedBatch, samples: list[torch.Tensor]) -> bool:
-    got = batch.tolist()
+    got = batch.unbind()
     return len(got) == len(samples) and all(
         g.shape == s.shape and g.dtype == s.dtype and torch.equal(g, s)
         for g, s in zip(got, samples)

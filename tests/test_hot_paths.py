@@ -119,7 +119,7 @@ def test_softmax_paths_equal_per_sample_softmax(log, lengths):
     batch = NestedBatch.from_lengths(torch.cat(samples), lengths)
     fn = F.log_softmax if log else F.softmax
     out = fn(batch, dim=1)
-    for got, sample in zip(out.tolist(), samples):
+    for got, sample in zip(out.unbind(), samples):
         torch.testing.assert_close(got, fn(sample, dim=0))
     padded = lengths != [1] * 7 + [40]
     assert reductions._pads_cheaply(batch) is padded
@@ -155,7 +155,7 @@ def test_host_slicing_equals_python_slicing(lengths, start, stop, step, cached_p
     if cached_padded:
         batch.padded()
     out = batch[:, start:stop:step]
-    for got, sample in zip(out.tolist(), samples):
+    for got, sample in zip(out.unbind(), samples):
         assert torch.equal(got, sample[start:stop:step])
 
 
@@ -165,7 +165,7 @@ def test_prefix_slice_of_device_sizes_needs_no_host_sizes():
     batch = NestedBatch.from_offsets(torch.cat(samples), offsets, validate=False)
     out = batch[:, :2]
     assert not out.partition.knows_host_shapes
-    for got, sample in zip(out.tolist(), samples):
+    for got, sample in zip(out.unbind(), samples):
         assert torch.equal(got, sample[:2])
 
 

@@ -13,7 +13,7 @@ from nestbatch import Layout, NestedBatch
 
 
 def rows(batch):
-    return [t.tolist() for t in batch.tolist()]
+    return batch.tolist()
 
 
 DIGITS = [[3, 1, 4, 1], [], [5, 9, 2], [6], []]
@@ -61,9 +61,9 @@ def test_feature_dims_and_two_ragged_dims():
     images = [torch.arange(2 * 3 * 2).reshape(2, 3, 2), torch.arange(4 * 1 * 2).reshape(4, 1, 2)]
     batch = nestbatch.nested(images, num_ragged_dims=2)
     sliced = batch[:, 1:3, :2]
-    assert_same_samples(sliced.tolist(), [images[0][1:3, :2], images[1][1:3, :2]])
-    assert_same_samples(batch[..., 0].tolist(), [t[..., 0] for t in images])
-    assert_same_samples(batch[:, :, -1:, 1:].tolist(), [t[:, -1:, 1:] for t in images])
+    assert_same_samples(sliced.unbind(), [images[0][1:3, :2], images[1][1:3, :2]])
+    assert_same_samples(batch[..., 0].unbind(), [t[..., 0] for t in images])
+    assert_same_samples(batch[:, :, -1:, 1:].unbind(), [t[:, -1:, 1:] for t in images])
 
 
 @given(ragged_samples(dtypes=(torch.float32, torch.int64)), st.data())
@@ -77,11 +77,11 @@ def test_random_slices_match_per_sample_python_slicing(case, data):
     layout = data.draw(st.sampled_from(list(Layout)))
     batch = NestedBatch.from_list(samples, k).to(layout)
     expected = [sample[slices] for sample in samples]
-    assert_same_samples(batch[(slice(None), *slices)].tolist(), expected)
+    assert_same_samples(batch[(slice(None), *slices)].unbind(), expected)
     picks = data.draw(st.lists(st.integers(0, max(len(samples) - 1, 0)), max_size=4))
     if samples:
         chosen = batch[torch.tensor(picks, dtype=torch.int64)]
-        assert_same_samples(chosen.tolist(), [samples[i] for i in picks])
+        assert_same_samples(chosen.unbind(), [samples[i] for i in picks])
 
 
 def test_prefix_slice_of_padded_batch_is_a_view():

@@ -15,14 +15,14 @@ from nestbatch import NestedBatch
 def test_jagged_round_trip_shares_storage(case):
     samples, _ = case
     batch = nestbatch.nested(samples)
-    nt = batch.to_nested_tensor()
+    nt = nestbatch.to_nested_tensor(batch)
     assert nt.is_nested and nt.layout == torch.jagged
     assert nt.values().data_ptr() == batch.values.data_ptr()
     assert_same_samples(list(nt.unbind()), samples)
-    back = NestedBatch.from_nested_tensor(nt)
+    back = nestbatch.from_nested_tensor(nt)
     assert back.values.data_ptr() == batch.values.data_ptr()
     assert torch.equal(back.offsets, batch.offsets)
-    assert_same_samples(back.tolist(), samples)
+    assert_same_samples(back.unbind(), samples)
 
 
 def test_from_torch_built_jagged_with_features_and_as_nested():
@@ -30,32 +30,32 @@ def test_from_torch_built_jagged_with_features_and_as_nested():
     nt = torch.nested.as_nested_tensor(samples, layout=torch.jagged)
     batch = nestbatch.as_nested(nt)
     assert batch.feature_shape == (2, 4)
-    assert_same_samples(batch.tolist(), samples)
+    assert_same_samples(batch.unbind(), samples)
 
 
 def test_jagged_with_holes():
     data = torch.arange(30.0).reshape(3, 5, 2)
     nt = torch.nested.narrow(data, 1, torch.tensor([0, 1, 2]), torch.tensor([2, 3, 1]),
                              layout=torch.jagged)
-    batch = NestedBatch.from_nested_tensor(nt)
-    assert_same_samples(batch.tolist(), [data[0, 0:2], data[1, 1:4], data[2, 2:3]])
+    batch = nestbatch.from_nested_tensor(nt)
+    assert_same_samples(batch.unbind(), [data[0, 0:2], data[1, 1:4], data[2, 2:3]])
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_strided_input_infers_ragged_dims():
     images = [torch.randn(4, 3, 2), torch.randn(2, 5, 2)]
     nt = torch.nested.nested_tensor(images)
-    batch = NestedBatch.from_nested_tensor(nt)
+    batch = nestbatch.from_nested_tensor(nt)
     assert batch.num_ragged_dims == 2 and batch.feature_shape == (2,)
-    assert_same_samples(batch.tolist(), images)
-    assert NestedBatch.from_nested_tensor(nt, num_ragged_dims=3).feature_shape == ()
+    assert_same_samples(batch.unbind(), images)
+    assert nestbatch.from_nested_tensor(nt, num_ragged_dims=3).feature_shape == ()
 
 
 def test_gradients_through_jagged():
     values = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(
-        lambda v: NestedBatch.from_nested_tensor(
-            NestedBatch.from_lengths(v, [2, 0, 4]).to_nested_tensor()
+        lambda v: nestbatch.from_nested_tensor(
+            nestbatch.to_nested_tensor(NestedBatch.from_lengths(v, [2, 0, 4]))
         ).values * 2,
         (values,),
     )
@@ -63,9 +63,9 @@ def test_gradients_through_jagged():
 
 def test_errors():
     with pytest.raises(ValueError, match="one ragged dim"):
-        nestbatch.nested([torch.ones(2, 3)], num_ragged_dims=2).to_nested_tensor()
+        nestbatch.to_nested_tensor(nestbatch.nested([torch.ones(2, 3)], num_ragged_dims=2))
     with pytest.raises(TypeError, match="nested tensor"):
-        NestedBatch.from_nested_tensor(torch.ones(3))
-    nt = nestbatch.nested([torch.ones(2, 3), torch.ones(1, 3)]).to_nested_tensor()
+        nestbatch.from_nested_tensor(torch.ones(3))
+    nt = nestbatch.to_nested_tensor(nestbatch.nested([torch.ones(2, 3), torch.ones(1, 3)]))
     with pytest.raises(ValueError, match="dim 1"):
-        NestedBatch.from_nested_tensor(nt.transpose(1, 2))
+        nestbatch.from_nested_tensor(nt.transpose(1, 2))

@@ -25,7 +25,7 @@ def _samples(lengths, feature=(2,), dtype=torch.float64):
 @pytest.mark.parametrize("lengths", [[3, 5, 1, 5], [1], [4, 4, 4], [2, 7]])
 def test_to_packed_sequence_matches_pack_sequence(lengths):
     samples = _samples(lengths)
-    ours = nestbatch.nested(samples).to_packed_sequence()
+    ours = nestbatch.to_packed_sequence(nestbatch.nested(samples))
     ref = pack_sequence(samples, enforce_sorted=False)
     assert torch.equal(ours.data, ref.data)
     assert torch.equal(ours.batch_sizes, ref.batch_sizes)
@@ -42,10 +42,10 @@ def test_from_packed_sequence_keeps_sample_order(batch_first, enforce_sorted):
     ps = pack_padded_sequence(
         padded, torch.tensor(lengths), batch_first=batch_first, enforce_sorted=enforce_sorted
     )
-    batch = NestedBatch.from_packed_sequence(ps)
-    assert_same_samples(batch.tolist(), samples)
+    batch = nestbatch.from_packed_sequence(ps)
+    assert_same_samples(batch.unbind(), samples)
     assert batch.partition.knows_host_shapes  # lengths from the CPU batch_sizes: no sync later
-    assert_same_samples(nestbatch.as_nested(ps).tolist(), samples)
+    assert_same_samples(nestbatch.as_nested(ps).unbind(), samples)
 
 
 @given(ragged_samples(num_ragged_dims=1, min_batch=1, dtypes=(torch.float32, torch.int64)))
@@ -53,19 +53,19 @@ def test_round_trip(case):
     samples, _ = case
     samples = [s for s in samples if len(s)] or [torch.ones(1, 2)]
     batch = NestedBatch.from_list(samples)
-    back = NestedBatch.from_packed_sequence(batch.to_packed_sequence())
-    assert_same_samples(back.tolist(), samples)
-    padded, lengths = pad_packed_sequence(batch.to_packed_sequence(), batch_first=True)
+    back = nestbatch.from_packed_sequence(nestbatch.to_packed_sequence(batch))
+    assert_same_samples(back.unbind(), samples)
+    padded, lengths = pad_packed_sequence(nestbatch.to_packed_sequence(batch), batch_first=True)
     assert lengths.tolist() == [len(s) for s in samples]
 
 
 def test_zero_length_and_multi_ragged_refused():
     with pytest.raises(ValueError, match="zero-length"):
-        nestbatch.nested([torch.ones(2, 1), torch.ones(0, 1)]).to_packed_sequence()
+        nestbatch.to_packed_sequence(nestbatch.nested([torch.ones(2, 1), torch.ones(0, 1)]))
     with pytest.raises(ValueError, match="one ragged dim"):
-        nestbatch.nested([torch.ones(2, 3, 1)], num_ragged_dims=2).to_packed_sequence()
+        nestbatch.to_packed_sequence(nestbatch.nested([torch.ones(2, 3, 1)], num_ragged_dims=2))
     with pytest.raises(TypeError, match="PackedSequence"):
-        NestedBatch.from_packed_sequence(torch.ones(3))
+        nestbatch.from_packed_sequence(torch.ones(3))
 
 
 def test_gradients_flow_both_ways():
@@ -73,12 +73,12 @@ def test_gradients_flow_both_ways():
     values = torch.cat(samples).requires_grad_()
     batch = NestedBatch.from_lengths(values, [3, 1, 2])
     torch.autograd.gradcheck(
-        lambda v: NestedBatch.from_packed_sequence(
-            NestedBatch.from_lengths(v, [3, 1, 2]).to_packed_sequence()
+        lambda v: nestbatch.from_packed_sequence(
+            nestbatch.to_packed_sequence(NestedBatch.from_lengths(v, [3, 1, 2]))
         ).values,
         (values,),
     )
-    ps = batch.to_packed_sequence()
+    ps = nestbatch.to_packed_sequence(batch)
     (ps.data * torch.arange(ps.data.numel()).view_as(ps.data)).sum().backward()
     expected = torch.zeros_like(ps.data)
     expected.view(-1)[:] = torch.arange(ps.data.numel(), dtype=ps.data.dtype)
@@ -88,5 +88,5 @@ def test_gradients_flow_both_ways():
 def _inverse_order(ps):
     # The PackedSequence row of every packed (sample-order) row, by unpacking an index tensor.
     index = torch.arange(ps.data.shape[0])
-    unpacked = NestedBatch.from_packed_sequence(ps._replace(data=index))
+    unpacked = nestbatch.from_packed_sequence(ps._replace(data=index))
     return unpacked.values

@@ -57,7 +57,7 @@ def test_rnn_on_nested_batch_matches_packed_sequence(make, with_h0, batch_first)
     ref_out, ref_h = _reference(module, samples, hx)
     assert isinstance(out, NestedBatch)
     assert out.lengths.tolist() == [3, 4, 2, 4]
-    for got, want in zip(out.tolist(), ref_out):
+    for got, want in zip(out.unbind(), ref_out):
         assert torch.allclose(got, want, atol=1e-6)
     assert _states_close(h, ref_h)
 
@@ -79,7 +79,7 @@ def test_zero_length_samples_keep_their_initial_state(cls):
     sub_hx = tuple(s[:, kept] for s in initial)
     ref_out, ref_h = _reference(module, [samples[i] for i in kept], sub_hx if cls is nn.LSTM
                                 else sub_hx[0])
-    assert torch.allclose(out.tolist()[2], ref_out[1], atol=1e-6)
+    assert torch.allclose(out.unbind()[2], ref_out[1], atol=1e-6)
     ref_states = ref_h if isinstance(ref_h, tuple) else (ref_h,)
     for final, ref in zip(states, ref_states):
         assert torch.allclose(final[:, kept], ref, atol=1e-6)
@@ -121,13 +121,13 @@ def test_seed_004_walkthrough():
     h0 = torch.randn(2, 3, 3)
     nt = nestbatch.nested(embeddings)
 
-    ps = nt.to_packed_sequence()
+    ps = nestbatch.to_packed_sequence(nt)
     output, hn = rnn(ps, h0)
     ref_output, ref_hn = rnn(pack_sequence(embeddings, enforce_sorted=False), h0)
     assert torch.equal(output.data, ref_output.data) and torch.equal(hn, ref_hn)
 
     output_nt = nestbatch.as_nested(output)
-    padded_output = output_nt.to_padded(0)
+    padded_output = output_nt.to_padded_tensor(0)
     ref_padded, _ = pad_packed_sequence(ref_output, batch_first=True)
     assert padded_output.shape == (3, 4, 3)
     assert torch.equal(padded_output, ref_padded)
@@ -135,11 +135,13 @@ def test_seed_004_walkthrough():
     # The same through the batch directly, with the seed's time-major module and a batch_first
     # copy: a NestedBatch is a batch of sequences either way.
     direct, direct_hn = nestbatch.accept_nested_batches(rnn)(nt, h0)
-    assert torch.allclose(direct.to_padded(0), padded_output) and torch.allclose(direct_hn, hn)
+    assert torch.allclose(direct.to_padded_tensor(0), padded_output)
+    assert torch.allclose(direct_hn, hn)
     rnn_bf = nn.RNN(5, 3, 2, batch_first=True)
     rnn_bf.load_state_dict(rnn.state_dict())
     direct, direct_hn = rnn_bf(nt, h0)
-    assert torch.allclose(direct.to_padded(0), padded_output) and torch.allclose(direct_hn, hn)
+    assert torch.allclose(direct.to_padded_tensor(0), padded_output)
+    assert torch.allclose(direct_hn, hn)
 
     targets = torch.tensor([1, 2, 1, -100, 2, 1, 1, 2, 1, 1, -100, -100])
     loss = nn.NLLLoss()(padded_output.reshape(-1, 3), targets)
@@ -179,7 +181,7 @@ def test_time_major_modules_take_batches_once_told_and_never_by_who_asks():
     kept = [s for s in samples if len(s)]
     ref_out, ref_h = _reference(model[0], kept, None)
     assert out.lengths.tolist() == [2, 0, 3] and h.shape == (1, 3, 4)
-    assert torch.allclose(out.tolist()[2], ref_out[1], atol=1e-6)
+    assert torch.allclose(out.unbind()[2], ref_out[1], atol=1e-6)
     assert torch.equal(h[:, 1], torch.zeros(1, 4))  # the empty sample keeps its initial state
     with pytest.raises(ValueError, match="ragged"):
         batch.size(1)

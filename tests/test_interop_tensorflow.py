@@ -27,7 +27,7 @@ EXPECTED = [[3, 1, 4, 1], [], [5, 9, 2], [6], []]
     ],
 )
 def test_factories_agree_with_the_guide(build):
-    assert build().to_pylist() == EXPECTED
+    assert build().tolist() == EXPECTED
 
 
 def test_accessors_print_like_the_guide():
@@ -43,14 +43,15 @@ def test_accessors_print_like_the_guide():
 
 def test_from_tensor_with_padding_and_lengths_and_to_tensor():
     x = torch.tensor([[1, 3, -1, -1], [2, -1, -1, -1], [4, 5, 8, 9]])
-    assert NestedBatch.from_trailing_padding(x, -1).to_pylist() == [[1, 3], [2], [4, 5, 8, 9]]
-    assert NestedBatch.from_padded(x, [2, 1, 4]).to_pylist() == [[1, 3], [2], [4, 5, 8, 9]]
+    assert NestedBatch.from_tensor(x, padding=-1).tolist() == [[1, 3], [2], [4, 5, 8, 9]]
+    assert NestedBatch.from_padded(x, [2, 1, 4]).tolist() == [[1, 3], [2], [4, 5, 8, 9]]
     inner = torch.tensor([[[1, 0], [0, 0]], [[0, 0], [2, 0]]])  # a slot is padding if all-zero
-    assert NestedBatch.from_trailing_padding(inner, 0).lengths.tolist() == [1, 2]
+    assert NestedBatch.from_tensor(inner, padding=0).lengths.tolist() == [1, 2]
     sentences = nestbatch.nested([torch.tensor([1]), torch.tensor([2, 3, 4, 5]),
                                   torch.tensor([6, 7])])
-    assert sentences.to_padded(0).tolist() == [[1, 0, 0, 0], [2, 3, 4, 5], [6, 7, 0, 0]]
-    assert sentences.to_padded(-1, max_shape=[6]).shape == (3, 6)
+    assert sentences.to_padded_tensor(0).tolist() == [[1, 0, 0, 0], [2, 3, 4, 5], [6, 7, 0, 0]]
+    assert sentences.to_padded_tensor(-1, output_size=[3, 6]).shape == (3, 6)
+    assert sentences.to_tensor(-1, shape=[None, 6]).shape == (3, 6)
 
 
 def test_bounding_shape_and_uniform_inner_dims():
@@ -58,13 +59,13 @@ def test_bounding_shape_and_uniform_inner_dims():
     rt = NestedBatch.from_offsets(
         torch.tensor([[1, 3], [0, 0], [1, 3], [5, 3], [3, 3], [1, 2]]), torch.tensor([0, 3, 4, 6])
     )
-    assert rt.to_pylist() == [[[1, 3], [0, 0], [1, 3]], [[5, 3]], [[3, 3], [1, 2]]]
+    assert rt.tolist() == [[[1, 3], [0, 0], [1, 3]], [[5, 3]], [[3, 3], [1, 2]]]
     assert rt.bounding_shape().tolist() == [3, 3, 2]
 
 
 def test_map_values_and_elementwise_like_map_flat_values():
     digits = nestbatch.nested([torch.tensor(r, dtype=torch.int64) for r in EXPECTED])
-    assert digits.map_values(lambda x: x * 2 + 1).to_pylist() == [
+    assert digits.map_values(lambda x: x * 2 + 1).tolist() == [
         [7, 3, 9, 3], [], [11, 19, 5], [13], []
     ]
 
@@ -74,11 +75,11 @@ def test_partition_encodings_round_trip(case):
     samples, _ = case
     batch = NestedBatch.from_list(samples)
     values = batch.values
-    expected = batch.to_pylist()
-    assert NestedBatch.from_row_starts(values, batch.row_starts()).to_pylist() == expected
-    assert NestedBatch.from_row_limits(values, batch.row_limits()).to_pylist() == expected
+    expected = batch.tolist()
+    assert NestedBatch.from_row_starts(values, batch.row_starts()).tolist() == expected
+    assert NestedBatch.from_row_limits(values, batch.row_limits()).tolist() == expected
     by_ids = NestedBatch.from_row_ids(values, batch.row_ids, len(samples))
-    assert by_ids.to_pylist() == expected
+    assert by_ids.tolist() == expected
 
 
 def test_errors_name_the_argument():
@@ -86,5 +87,9 @@ def test_errors_name_the_argument():
         NestedBatch.from_row_starts(VALUES, torch.tensor([0.0, 4.0]))
     with pytest.raises(ValueError, match="offsets"):
         NestedBatch.from_row_limits(VALUES, [4, 2, 8])
-    with pytest.raises(ValueError, match="data"):
-        NestedBatch.from_trailing_padding(torch.ones(3), 0)
+    with pytest.raises(ValueError, match="tensor must have shape"):
+        NestedBatch.from_tensor(torch.ones(3), padding=0)
+    with pytest.raises(ValueError, match="lengths or padding, not both"):
+        NestedBatch.from_tensor(torch.ones(2, 3), [1, 2], padding=0)
+    whole = NestedBatch.from_tensor(torch.arange(6).view(2, 3))
+    assert whole.lengths.tolist() == [3, 3] and whole.to_list() == [[0, 1, 2], [3, 4, 5]]

@@ -47,7 +47,7 @@ def test_unary_matches_per_sample(drawn, layout, which):
     samples, k = drawn
     op = UNARY[which]
     out = op(_batch(samples, k, layout))
-    _close(out.tolist(), [op(s) for s in samples])
+    _close(out.unbind(), [op(s) for s in samples])
 
 
 @settings_
@@ -57,23 +57,23 @@ def test_binary_two_batches(drawn, op):
     samples, k = drawn
     x = _batch(samples, k, Layout.PACKED)
     y = _batch([s.abs() + 1 for s in samples], k, Layout.PADDED)
-    _close(op(x, y).tolist(), [op(s, s.abs() + 1) for s in samples])
+    _close(op(x, y).unbind(), [op(s, s.abs() + 1) for s in samples])
 
 
 def test_operators_and_inplace():
     a, b = torch.arange(4.0), torch.arange(2.0)
     x = NestedBatch.from_list([a, b])
-    _close((x + x).tolist(), [a + a, b + b])
-    _close((1 - x).tolist(), [1 - a, 1 - b])
-    _close((2 ** x).tolist(), [2 ** a, 2 ** b])
-    _close((~(x > 1)).tolist(), [~(a > 1), ~(b > 1)])
+    _close((x + x).unbind(), [a + a, b + b])
+    _close((1 - x).unbind(), [1 - a, 1 - b])
+    _close((2 ** x).unbind(), [2 ** a, 2 ** b])
+    _close((~(x > 1)).unbind(), [~(a > 1), ~(b > 1)])
     x += 1  # in place on the stored list: the samples (the caller's tensors) see it
     assert x.layout is Layout.LIST and torch.equal(a, torch.arange(4.0) + 1)
     assert {x: 1}[x] == 1  # hashable by identity
     p = nestbatch.nested([torch.ones(3), torch.ones(1)], layout=Layout.PADDED)
     p.mul_(3)
     assert p.materialized_layouts == (Layout.PADDED,)
-    _close(p.tolist(), [torch.full((3,), 3.0), torch.full((1,), 3.0)])
+    _close(p.unbind(), [torch.full((3,), 3.0), torch.full((1,), 3.0)])
     with pytest.raises(RuntimeError, match="can't be cast"):
         nestbatch.nested([torch.arange(3)]).add_(0.5)
 
@@ -81,15 +81,15 @@ def test_operators_and_inplace():
 # ------------------------------------------------------------------------------- broadcasting
 def test_tf_broadcasting_examples():
     x = nestbatch.nested([torch.tensor([1, 2]), torch.tensor([3])])
-    assert (x + 3).to_pylist() == [[4, 5], [6]]
+    assert (x + 3).tolist() == [[4, 5], [6]]
     x = nestbatch.nested([torch.tensor([10, 87, 12]), torch.tensor([19, 53]),
                           torch.tensor([12, 32])])
     y = torch.tensor([[1000], [2000], [3000]])
-    assert (x + y).to_pylist() == [[1010, 1087, 1012], [2019, 2053], [3012, 3032]]
+    assert (x + y).tolist() == [[1010, 1087, 1012], [2019, 2053], [3012, 3032]]
     x = nestbatch.nested([torch.tensor([[1, 2], [3, 4], [5, 6]]), torch.tensor([[7, 8]])])
-    assert (x + torch.tensor([[10]])).to_pylist() == [[[11, 12], [13, 14], [15, 16]], [[17, 18]]]
+    assert (x + torch.tensor([[10]])).tolist() == [[[11, 12], [13, 14], [15, 16]], [[17, 18]]]
     x = nestbatch.nested([torch.tensor([[1], [2]]), torch.tensor([[5]])])
-    assert (x + torch.tensor([10, 20, 30])).to_pylist() == [[[11, 21, 31], [12, 22, 32]],
+    assert (x + torch.tensor([10, 20, 30])).tolist() == [[[11, 21, 31], [12, 22, 32]],
                                                             [[15, 25, 35]]]
 
 
@@ -109,12 +109,12 @@ def test_tf_non_broadcastable():
 def test_map_values_tf_example():
     digits = nestbatch.nested([torch.tensor(v, dtype=torch.long)
                                for v in ([3, 1, 4, 1], [], [5, 9, 2], [6], [])])
-    assert digits.map_values(lambda v: v * 2 + 1).to_pylist() == [[7, 3, 9, 3], [], [11, 19, 5],
+    assert digits.map_values(lambda v: v * 2 + 1).tolist() == [[7, 3, 9, 3], [], [11, 19, 5],
                                                                   [13], []]
-    assert torch.tile(digits, (1, 2)).to_pylist() == [[3, 1, 4, 1, 3, 1, 4, 1], [],
+    assert torch.tile(digits, (1, 2)).tolist() == [[3, 1, 4, 1, 3, 1, 4, 1], [],
                                                        [5, 9, 2, 5, 9, 2], [6, 6], []]
     extra = torch.tensor([[5, 3]])
-    assert torch.cat([digits, extra], 0).to_pylist()[-1] == [5, 3]
+    assert torch.cat([digits, extra], 0).tolist()[-1] == [5, 3]
     mean = digits.double().mean(1)
     torch.testing.assert_close(mean, torch.tensor([2.25, math.nan, 16 / 3, 6.0, math.nan],
                                                   dtype=torch.float64), equal_nan=True)
@@ -179,7 +179,7 @@ def test_layouts_agree_and_feature_reductions(drawn, name):
     torch.testing.assert_close(getattr(torch, name)(packed, 1), getattr(torch, name)(padded, 1),
                                equal_nan=True)
     per_feature = getattr(torch, name)(packed, -1)
-    _close(per_feature.tolist(), [getattr(torch, name)(s, -1) for s in samples])
+    _close(per_feature.unbind(), [getattr(torch, name)(s, -1) for s in samples])
 
 
 def test_reduction_edge_cases():
@@ -202,10 +202,10 @@ def test_softmax_over_ragged_dim(layout, log):
     samples = [torch.randn(4, 2), torch.randn(0, 2), torch.randn(1, 2)]
     x = nestbatch.nested(samples, layout=layout)
     fn = F.log_softmax if log else F.softmax
-    _close(fn(x, dim=1).tolist(), [fn(s, dim=0) for s in samples])
-    _close(fn(x, dim=-1).tolist(), [fn(s, dim=-1) for s in samples])
+    _close(fn(x, dim=1).unbind(), [fn(s, dim=0) for s in samples])
+    _close(fn(x, dim=-1).unbind(), [fn(s, dim=-1) for s in samples])
     y = nestbatch.nested([torch.randn(2, 3), torch.randn(3, 1)], num_ragged_dims=2)
-    _close(y.softmax(2).tolist(), [s.softmax(1) for s in y.tolist()])
+    _close(y.softmax(2).unbind(), [s.softmax(1) for s in y.unbind()])
 
 
 # ------------------------------------------------------------------------------- nn layers
@@ -215,12 +215,12 @@ def test_nn_layers_per_sample():
     x = nestbatch.nested(samples)
     for module in (torch.nn.Linear(4, 6), torch.nn.LayerNorm(4), torch.nn.GELU(),
                    torch.nn.ReLU(), torch.nn.Dropout(0.0), torch.nn.SiLU(), torch.nn.Tanh()):
-        _close(module(x).tolist(), [module(s) for s in samples])
+        _close(module(x).unbind(), [module(s) for s in samples])
     drop = torch.nn.Dropout(0.5)(x).values
     assert bool(((drop == 0) | torch.isclose(drop, 2 * x.values)).all())
     emb = torch.nn.Embedding(10, 3)
     ids = nestbatch.nested([torch.tensor([1, 2]), torch.tensor([], dtype=torch.long)])
-    _close(emb(ids).tolist(), [emb(t) for t in ids.tolist()])
+    _close(emb(ids).unbind(), [emb(t) for t in ids.unbind()])
     with pytest.raises(ValueError, match="ragged"):
         F.layer_norm(x, (5, 4))
 
@@ -243,27 +243,27 @@ def test_sdpa_per_sample(heads, causal):
         if b.shape[-2] == 0:
             r = torch.zeros_like(r)
         return r.transpose(0, 1) if heads else r
-    _close(out.tolist(), [alone(*t) for t in zip(q, k, v)])
+    _close(out.unbind(), [alone(*t) for t in zip(q, k, v)])
 
 
 def test_matmul():
     a = [torch.randn(3, 2), torch.randn(0, 2), torch.randn(2, 2)]
     w = torch.randn(2, 5)
-    _close((nestbatch.nested(a) @ w).tolist(), [s @ w for s in a])
+    _close((nestbatch.nested(a) @ w).unbind(), [s @ w for s in a])
     left = nestbatch.nested([torch.randn(2, 3), torch.randn(4, 1)], num_ragged_dims=2)
     right = nestbatch.nested([torch.randn(3, 5), torch.randn(1, 5)])
-    _close(torch.bmm(left, right).tolist(), [p @ r for p, r in zip(left.tolist(),
-                                                                      right.tolist())])
+    _close(torch.bmm(left, right).unbind(), [p @ r for p, r in zip(left.unbind(),
+                                                                      right.unbind())])
 
 
 # ------------------------------------------------------------------------------- shape/structure
 def test_shape_ops():
     samples = [torch.randn(2, 3, 4), torch.randn(0, 3, 4), torch.randn(1, 3, 4)]
     x = nestbatch.nested(samples)
-    _close(x.reshape(-1, -1, 12).tolist(), [s.reshape(-1, 12) for s in samples])
-    _close(x.view(3, -1, 4, 3).tolist(), [s.view(-1, 4, 3) for s in samples])
-    _close(x.transpose(2, 3).tolist(), [s.transpose(1, 2) for s in samples])
-    _close(torch.select(x, 2, 1).tolist(), [s.select(1, 1) for s in samples])
+    _close(x.reshape(-1, -1, 12).unbind(), [s.reshape(-1, 12) for s in samples])
+    _close(x.view(3, -1, 4, 3).unbind(), [s.view(-1, 4, 3) for s in samples])
+    _close(x.transpose(2, 3).unbind(), [s.transpose(1, 2) for s in samples])
+    _close(torch.select(x, 2, 1).unbind(), [s.select(1, 1) for s in samples])
     _close(list(torch.unbind(x)), samples)
     assert torch.equal(torch.zeros_like(x).values, torch.zeros_like(x.values))
     assert torch.randn_like(x).partition is x.partition
@@ -271,21 +271,21 @@ def test_shape_ops():
         x.reshape(3, 4, 12)
     moved = x.transpose(1, 2)  # the ragged dim moves, as torch.nested jagged's _ragged_idx
     assert moved.ragged_dim == 2
-    _close(moved.tolist(), [s.transpose(0, 1) for s in samples])
+    _close(moved.unbind(), [s.transpose(0, 1) for s in samples])
     with pytest.raises(ValueError, match="must stay in place"):
         x.transpose(0, 1)
     y = nestbatch.nested([torch.randn(2, 3), torch.randn(3, 3)])
-    torch.testing.assert_close(torch.select(y, 1, -1), torch.stack([s[-1] for s in y.tolist()]))
+    torch.testing.assert_close(torch.select(y, 1, -1), torch.stack([s[-1] for s in y.unbind()]))
 
 
 def test_structure_ops():
     a = nestbatch.nested([torch.tensor([1, 2]), torch.tensor([3])])
     b = nestbatch.nested([torch.tensor([4]), torch.tensor([], dtype=torch.long)])
-    assert torch.cat([a, b]).to_pylist() == [[1, 2], [3], [4], []]
-    assert torch.cat([a, b], 1).to_pylist() == [[1, 2, 4], [3]]
-    assert torch.stack([a, a * 10], -1).to_pylist() == [[[1, 10], [2, 20]], [[3, 30]]]
-    assert torch.tile(a, (2, 1)).to_pylist() == [[1, 2], [3], [1, 2], [3]]
-    assert a.repeat(1, 3).to_pylist() == [[1, 2, 1, 2, 1, 2], [3, 3, 3]]
+    assert torch.cat([a, b]).tolist() == [[1, 2], [3], [4], []]
+    assert torch.cat([a, b], 1).tolist() == [[1, 2, 4], [3]]
+    assert torch.stack([a, a * 10], -1).tolist() == [[[1, 10], [2, 20]], [[3, 30]]]
+    assert torch.tile(a, (2, 1)).tolist() == [[1, 2], [3], [1, 2], [3]]
+    assert a.repeat(1, 3).tolist() == [[1, 2, 1, 2, 1, 2], [3, 3, 3]]
 
 
 # ------------------------------------------------------------------------------- gradients

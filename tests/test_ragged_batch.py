@@ -327,7 +327,7 @@ def test_nested_batch_roundtrip_shares_memory():
     nb = rb.to_nested_batch()
     assert nb.padded(None).data.data_ptr() == t.data_ptr()
     assert torch.equal(nb.lengths, torch.tensor([1, 4, 0]))
-    for got, ref in zip(nb.tolist(), _samples(rb)):
+    for got, ref in zip(nb.unbind(), _samples(rb)):
         assert torch.equal(got, ref)
     back = RaggedBatch.from_nested_batch(nb)
     assert back.tensor.data_ptr() == t.data_ptr()
@@ -340,7 +340,7 @@ def test_nested_batch_roundtrip_shares_memory():
     assert nb2.layout.value == "padded"
     samples2 = _samples(moved)
     assert [s.shape for s in samples2] == [(2, 1), (2, 4), (2, 0)]
-    for got, ref in zip(nb2.tolist(), samples2):
+    for got, ref in zip(nb2.unbind(), samples2):
         assert torch.equal(got, ref)
     back2 = RaggedBatch.from_nested_batch(nb2)
     assert back2.non_uniform_dim == 2
@@ -357,7 +357,7 @@ def test_nested_batch_roundtrip_shares_memory():
 def test_nested_batch_conversion_is_the_inverse_of_from_nested_batch(rb):
     nb = rb.to_nested_batch()
     assert nb.ragged_dim == rb.non_uniform_dim
-    samples = nb.tolist()
+    samples = nb.unbind()
     assert len(samples) == rb.batch_shape[0]
     for got, ref in zip(samples, _samples(rb)):
         assert torch.equal(got, ref)
@@ -375,7 +375,7 @@ def test_nested_batch_and_ragged_batch_convert_both_ways_at_top_level():
     ragged = nestbatch.RaggedBatch(data, sample_sizes=torch.tensor([4, 1, 2]))
     batch = nestbatch.NestedBatch.from_ragged_batch(ragged)
     assert batch.padded(None).data.data_ptr() == data.data_ptr()
-    assert [t.tolist() for t in batch.tolist()] == [[0, 1, 2, 3], [4], [8, 9]]
+    assert batch.tolist() == [[0, 1, 2, 3], [4], [8, 9]]
     again = batch.to_ragged_batch()
     assert again.tensor.data_ptr() == data.data_ptr()
     assert torch.equal(again.sample_sizes, ragged.sample_sizes)

@@ -48,13 +48,13 @@ def test_transpose_moves_the_ragged_dim_and_shares_storage(layout):
     assert y.dim() == 4 and y.size(1) == 4 and y.size(2) == 3
     with pytest.raises(ValueError, match="ragged"):
         y.size(3)
-    _close(y.tolist(), [s.permute(2, 1, 0) for s in samples])
+    _close(y.unbind(), [s.permute(2, 1, 0) for s in samples])
     _close(list(y), [s.permute(2, 1, 0) for s in samples])
-    _close([y.sample(i) for i in range(len(samples))], [s.permute(2, 1, 0) for s in samples])
+    _close([y[i] for i in range(len(samples))], [s.permute(2, 1, 0) for s in samples])
     assert y.values.data_ptr() == x.values.data_ptr()
     back = y.transpose(3, 1)
     assert back.ragged_dim == 1
-    _close(back.tolist(), samples)
+    _close(back.unbind(), samples)
     assert torch.equal(back.values, x.values)
 
 
@@ -68,17 +68,17 @@ def test_permute_round_trips(perm, then, layout):
     samples = _samples(2, 3)
     x = nestbatch.nested(samples, layout=layout)
     y = x.permute(0, *perm)
-    _close(y.tolist(), [s.permute(*(d - 1 for d in perm)) for s in samples])
+    _close(y.unbind(), [s.permute(*(d - 1 for d in perm)) for s in samples])
     z = y.permute(0, *then)
     expected = [s.permute(*(d - 1 for d in perm)).permute(*(d - 1 for d in then)) for s in samples]
-    _close(z.tolist(), expected)
-    _close(torch.movedim(z, 1, 3).tolist(), [e.movedim(0, 2) for e in expected])
+    _close(z.unbind(), expected)
+    _close(torch.movedim(z, 1, 3).unbind(), [e.movedim(0, 2) for e in expected])
     inverse = [0] * 4
     for position, d in enumerate((0, *perm)):
         inverse[d] = position
     restored = y.permute(*inverse)
     assert restored.ragged_dim == 1
-    _close(restored.tolist(), samples)
+    _close(restored.unbind(), samples)
 
 
 def test_metadata_survives_copies_and_pickling():
@@ -87,9 +87,9 @@ def test_metadata_survives_copies_and_pickling():
               y.to(Layout.PADDED), y.to(Layout.LIST), pickle.loads(pickle.dumps(y)),
               y.with_values(y.values * 1), y.map_values(torch.neg).neg()):
         assert z.ragged_dim == 2
-        _close([t.double() for t in z.tolist()], expected)
+        _close([t.double() for t in z.unbind()], expected)
     assert "ragged_dim=2" in repr(y) and "sample_shape=(2, None, 4)" in repr(y)
-    torch.testing.assert_close(y.to_padded(), y.padded().data.transpose(1, 2))
+    torch.testing.assert_close(y.to_padded_tensor(), y.padded().data.transpose(1, 2))
     assert y.padded().data.shape[1] == max(LENGTHS)  # stored order
     assert y.bounding_shape().tolist() == [4, 2, 5, 4]
 
@@ -99,7 +99,7 @@ def test_requires_grad_and_grad_keep_ragged_dim():
     y = y.detach().requires_grad_()
     y.sum().backward()
     assert y.grad.ragged_dim == 2
-    _close(y.grad.tolist(), [torch.ones_like(s) for s in y.tolist()])
+    _close(y.grad.unbind(), [torch.ones_like(s) for s in y.unbind()])
 
 
 def test_indexing_a_transposed_batch():
@@ -110,17 +110,17 @@ def test_indexing_a_transposed_batch():
     assert y[2, 1, 3, 2] == expected[2][1, 3, 2]
     z = y[1:, :2, 1:, ::2]
     assert z.ragged_dim == 2
-    _close(z.tolist(), [e[:2, 1:, ::2] for e in expected[1:]])
+    _close(z.unbind(), [e[:2, 1:, ::2] for e in expected[1:]])
     w = y[:, 1]  # an integer before the ragged dim moves it down
     assert w.ragged_dim == 1
-    _close(w.tolist(), [e[1] for e in expected])
+    _close(w.unbind(), [e[1] for e in expected])
     v = y[..., 0]
     assert v.ragged_dim == 2
-    _close(v.tolist(), [e[..., 0] for e in expected])
-    _close(y[[3, 0]].tolist(), [expected[3], expected[0]])
+    _close(v.unbind(), [e[..., 0] for e in expected])
+    _close(y[[3, 0]].unbind(), [expected[3], expected[0]])
     with pytest.raises(IndexError, match="ragged dim"):
         y[:, :, 0]
-    _close(torch.select(y, 1, 1).tolist(), [e[1] for e in expected])
+    _close(torch.select(y, 1, 1).unbind(), [e[1] for e in expected])
 
 
 def test_select_on_the_moved_ragged_dim():
@@ -136,19 +136,19 @@ def test_elementwise_and_broadcasting(layout):
     y, expected = _heads(layout)
     other, other_expected = _heads(layout, seed=1)
     dense = torch.randn(4, dtype=torch.float64)
-    _close((y * 2 + 1).tolist(), [e * 2 + 1 for e in expected])
-    _close(torch.exp(y).tolist(), [e.exp() for e in expected])
-    _close((y + other).tolist(), [a + b for a, b in zip(expected, other_expected)])
-    _close(torch.maximum(y, other).tolist(),
+    _close((y * 2 + 1).unbind(), [e * 2 + 1 for e in expected])
+    _close(torch.exp(y).unbind(), [e.exp() for e in expected])
+    _close((y + other).unbind(), [a + b for a, b in zip(expected, other_expected)])
+    _close(torch.maximum(y, other).unbind(),
            [torch.maximum(a, b) for a, b in zip(expected, other_expected)])
-    _close((y * dense).tolist(), [e * dense for e in expected])
-    _close(torch.zeros_like(y).tolist(), [torch.zeros_like(e) for e in expected])
-    _close(F.gelu(y).tolist(), [F.gelu(e) for e in expected])
-    _close(F.dropout(y, 0.5, training=False).tolist(), expected)
+    _close((y * dense).unbind(), [e * dense for e in expected])
+    _close(torch.zeros_like(y).unbind(), [torch.zeros_like(e) for e in expected])
+    _close(F.gelu(y).unbind(), [F.gelu(e) for e in expected])
+    _close(F.dropout(y, 0.5, training=False).unbind(), expected)
     assert (y + 1).ragged_dim == 2
     z = y.clone()
     z.mul_(3)
-    _close(z.tolist(), [e * 3 for e in expected])
+    _close(z.unbind(), [e * 3 for e in expected])
 
 
 def test_broadcasting_errors_on_a_moved_ragged_dim():
@@ -172,7 +172,7 @@ def test_softmax_over_logical_dims(layout, dim, log):
     fn = F.log_softmax if log else F.softmax
     out = fn(y, dim=dim)
     assert out.ragged_dim == 2
-    _close(out.tolist(), [fn(e, dim=dim - 1 if dim > 0 else dim) for e in expected])
+    _close(out.unbind(), [fn(e, dim=dim - 1 if dim > 0 else dim) for e in expected])
 
 
 @pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])
@@ -188,13 +188,13 @@ def test_reductions_over_logical_dims(layout, name):
     # Over a feature dim before the ragged one: the ragged dim moves down.
     before = fn(y, 1)
     assert before.ragged_dim == 1
-    _close(before.tolist(), [fn(e, 0) for e in expected])
+    _close(before.unbind(), [fn(e, 0) for e in expected])
     kept = fn(y, 1, keepdim=True)
     assert kept.ragged_dim == 2
-    _close(kept.tolist(), [fn(e, 0, keepdim=True) for e in expected])
+    _close(kept.unbind(), [fn(e, 0, keepdim=True) for e in expected])
     after = fn(y, -1)
     assert after.ragged_dim == 2
-    _close(after.tolist(), [fn(e, -1) for e in expected])
+    _close(after.unbind(), [fn(e, -1) for e in expected])
 
 
 def test_composed_reductions_and_argmax():
@@ -203,7 +203,7 @@ def test_composed_reductions_and_argmax():
     torch.testing.assert_close(y.sum((1, 2)), torch.stack([e.sum((0, 1)) for e in expected]))
     torch.testing.assert_close(y.argmax(2), torch.stack([e.argmax(1) for e in expected]))
     values, index = torch.max(y, 1)
-    _close(values.tolist(), [e.max(0).values for e in expected])
+    _close(values.unbind(), [e.max(0).values for e in expected])
     torch.testing.assert_close(torch.sum(y), sum(e.sum() for e in expected))
 
 
@@ -212,8 +212,8 @@ def test_linear_and_layer_norm_on_feature_dims():
     y, expected = _heads()
     linear = torch.nn.Linear(4, 6, dtype=torch.float64)
     norm = torch.nn.LayerNorm(4, dtype=torch.float64)
-    _close(linear(y).tolist(), [linear(e) for e in expected])
-    _close(norm(y).tolist(), [norm(e) for e in expected])
+    _close(linear(y).unbind(), [linear(e) for e in expected])
+    _close(norm(y).unbind(), [norm(e) for e in expected])
     assert linear(y).ragged_dim == 2
     last = nestbatch.nested(_samples(4)).transpose(1, 2)  # (B, 4, j): ragged is last
     with pytest.raises(ValueError, match="transpose the ragged dim back"):
@@ -228,9 +228,9 @@ def test_unsupported_ops_name_the_op_and_the_fix():
     with pytest.raises(TypeError, match=r"embedding_bag .*transpose the ragged dim back"):
         F.embedding_bag(indices, torch.randn(5, 3))
     with pytest.raises(ValueError, match="to_packed_sequence.*transpose the ragged dim back"):
-        y.to_packed_sequence()
+        nestbatch.to_packed_sequence(y)
     with pytest.raises(ValueError, match="to_nested_tensor"):
-        y.to_nested_tensor()
+        nestbatch.to_nested_tensor(y)
     with pytest.raises(ValueError, match="keeps them leading"):
         NestedBatch(nestbatch.nested([torch.ones(2, 2, 3)], num_ragged_dims=2).packed(), 2)
     with pytest.raises(ValueError, match="out of range"):
@@ -249,7 +249,7 @@ def test_sdpa_on_heads_first_batches(causal):
         F.scaled_dot_product_attention(a, b, c, is_causal=causal)
         for a, b, c in zip(q_samples, k_samples, v_samples)
     ]
-    _close(out.tolist(), expected)
+    _close(out.unbind(), expected)
     with pytest.raises(ValueError, match="ragged_dim 2"):
         F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2))
 
@@ -262,14 +262,14 @@ def test_bmm_with_a_transposed_right_operand():
     b = nestbatch.nested(b_samples).transpose(1, 2)
     out = torch.bmm(a, b)
     assert out.num_ragged_dims == 2
-    _close(out.tolist(), [x @ y.T for x, y in zip(a_samples, b_samples)])
+    _close(out.unbind(), [x @ y.T for x, y in zip(a_samples, b_samples)])
     # (B, 3, j_i) @ (B, j_i, p_i): only the result's columns are ragged (logical dim 2).
     scores = _samples(3, lengths=(2, 4, 0, 3), seed=2)
     images = [torch.randn(n, p, dtype=torch.float64) for n, p in zip((2, 4, 0, 3), (1, 0, 2, 3))]
     c = nestbatch.nested(scores).transpose(1, 2)
     d = torch.matmul(c, nestbatch.nested(images, num_ragged_dims=2))
     assert d.ragged_dim == 2 and d.num_ragged_dims == 1
-    _close(d.tolist(), [s.T @ m for s, m in zip(scores, images)])
+    _close(d.unbind(), [s.T @ m for s, m in zip(scores, images)])
 
 
 def test_bmm_contracting_over_the_ragged_dim():
@@ -295,20 +295,20 @@ def test_attention_weights_times_values():
     weights = torch.softmax(scores, dim=2)
     out = weights @ k
     expected = [torch.softmax(a @ b.T, 1) @ b for a, b in zip(q_samples, k_samples)]
-    _close(out.tolist(), expected)
+    _close(out.unbind(), expected)
 
 
 def test_matmul_of_same_structure_batches():
     a_samples = _samples(2, 3)  # (L_i, n, m)
     b_samples = _samples(3, 5, seed=1)  # (L_i, m, p)
     a, b = nestbatch.nested(a_samples), nestbatch.nested(b_samples)
-    _close(torch.matmul(a, b).tolist(), [x @ y for x, y in zip(a_samples, b_samples)])
+    _close(torch.matmul(a, b).unbind(), [x @ y for x, y in zip(a_samples, b_samples)])
     # (H, L_i, n, m) @ (H, L_i, m, p): ragged at logical dim 2 in both.
     c = nestbatch.nested(_samples(6, 2, 3, seed=2)).transpose(1, 2)
     d = nestbatch.nested(_samples(6, 3, 1, seed=3)).transpose(1, 2)
     out = c @ d
     assert out.ragged_dim == 2
-    _close(out.tolist(), [x @ y for x, y in zip(c.tolist(), d.tolist())])
+    _close(out.unbind(), [x @ y for x, y in zip(c.unbind(), d.unbind())])
     other = nestbatch.nested(_samples(3, 5, lengths=(1, 1, 1, 1)))
     with pytest.raises(ValueError, match="same row structure"):
         a @ other
@@ -317,12 +317,12 @@ def test_matmul_of_same_structure_batches():
 def test_matmul_with_dense_operands_on_a_moved_batch():
     y, expected = _heads()
     w = torch.randn(4, 3, dtype=torch.float64)
-    _close((y @ w).tolist(), [e @ w for e in expected])
+    _close((y @ w).unbind(), [e @ w for e in expected])
     four_samples = _samples(2, 3, 4)
     four = nestbatch.nested(four_samples).transpose(1, 2)  # (B, 2, j, 3, 4)
     four_expected = [s.transpose(0, 1) for s in four_samples]
     m = torch.randn(5, 3, dtype=torch.float64)
-    _close((m @ four).tolist(), [m @ e for e in four_expected])
+    _close((m @ four).unbind(), [m @ e for e in four_expected])
     with pytest.raises(ValueError, match="transpose the ragged dim back"):
         w.T @ y  # y's second-to-last logical dim is ragged
     last = nestbatch.nested(_samples(4)).transpose(1, 2)
@@ -412,10 +412,10 @@ def test_cat_along_every_logical_dim(sample_shape, layout):
         for d in (dim, dim - ndim):
             out = torch.cat([a, b], d)
             assert out.ragged_dim == rd
-            _close(out.tolist(), expected)
-    _close(torch.concat([a, a, a], dim=rd).tolist(),
+            _close(out.unbind(), expected)
+    _close(torch.concat([a, a, a], dim=rd).unbind(),
            [torch.cat([x, x, x], rd - 1) for x in a_samples])
-    _close(torch.concatenate((a, a), axis=0).tolist(), a_samples + a_samples)
+    _close(torch.concatenate((a, a), axis=0).unbind(), a_samples + a_samples)
 
 
 @pytest.mark.parametrize("sample_shape", MOVED_SHAPES)
@@ -425,12 +425,12 @@ def test_cat_with_dense_items_reads_them_in_logical_order(sample_shape):
     dense = torch.randn(2, *_with(sample_shape, rd - 1, 3), dtype=torch.float64)
     out = torch.cat([a, dense])
     assert out.ragged_dim == rd
-    _close(out.tolist(), a_samples + list(dense))
-    _close(torch.cat([dense, a]).tolist(), list(dense) + a_samples)
+    _close(out.unbind(), a_samples + list(dense))
+    _close(torch.cat([dense, a]).unbind(), list(dense) + a_samples)
     empty = dense[:0]
-    _close(torch.cat([a, empty]).tolist(), a_samples)
+    _close(torch.cat([a, empty]).unbind(), a_samples)
     rows = torch.randn(len(LENGTHS), *_with(sample_shape, rd - 1, 2), dtype=torch.float64)
-    _close(torch.cat([a, rows], rd).tolist(),
+    _close(torch.cat([a, rows], rd).unbind(),
            [torch.cat([x, y], rd - 1) for x, y in zip(a_samples, rows)])
 
 
@@ -439,13 +439,13 @@ def test_cat_of_zero_length_single_and_empty_batches(lengths):
     shape = (2, None, 3)
     a, a_samples = _moved(shape, lengths=lengths)
     b, b_samples = _moved(shape, lengths=tuple(reversed(lengths)), seed=1)
-    _close(torch.cat([a, b]).tolist(), a_samples + b_samples)
-    _close(torch.cat([a, b], 2).tolist(), [torch.cat([x, y], 1) for x, y in zip(a_samples,
+    _close(torch.cat([a, b]).unbind(), a_samples + b_samples)
+    _close(torch.cat([a, b], 2).unbind(), [torch.cat([x, y], 1) for x, y in zip(a_samples,
                                                                               b_samples)])
     c, c_samples = _moved((4, None, 3), lengths=lengths, seed=2)
     out = torch.cat([a, c], 1)
     assert out.ragged_dim == 2 and out.batch_size == len(lengths)
-    _close(out.tolist(), [torch.cat([x, y], 0) for x, y in zip(a_samples, c_samples)])
+    _close(out.unbind(), [torch.cat([x, y], 0) for x, y in zip(a_samples, c_samples)])
 
 
 def test_cat_needs_the_same_ragged_position():
@@ -477,7 +477,7 @@ def test_stack_at_every_allowed_position(sample_shape, layout):
         for d in (dim, dim - ndim):
             out = torch.stack([a, b, a], d)
             assert out.ragged_dim == (rd + 1 if dim < rd else rd)
-            _close(out.tolist(), [torch.stack([x, y, x], dim - 1)
+            _close(out.unbind(), [torch.stack([x, y, x], dim - 1)
                                   for x, y in zip(a_samples, b_samples)])
 
 
@@ -486,7 +486,7 @@ def test_stack_of_zero_length_single_and_empty_batches():
         a, samples = _moved((2, None, 3), lengths=lengths)
         out = torch.stack([a, a * 2], 1)
         assert out.ragged_dim == 3 and out.batch_size == len(lengths)
-        _close(out.tolist(), [torch.stack([x, x * 2], 0) for x in samples])
+        _close(out.unbind(), [torch.stack([x, x * 2], 0) for x in samples])
 
 
 def test_stack_refuses_the_batch_and_ragged_positions():
@@ -500,7 +500,7 @@ def test_stack_refuses_the_batch_and_ragged_positions():
     two = nestbatch.nested([torch.ones(2, 3, 4)], num_ragged_dims=2)
     with pytest.raises(ValueError, match=r"ragged dims \(1\.\.2\)"):
         torch.stack([two, two], 2)
-    assert torch.stack([two, two], 3).tolist()[0].shape == (2, 3, 2, 4)
+    assert torch.stack([two, two], 3).unbind()[0].shape == (2, 3, 2, 4)
     z, _ = _moved((2, 4, None))
     with pytest.raises(ValueError, match="ragged_dim 2 and 3"):
         torch.stack([y, z], 1)
@@ -525,10 +525,10 @@ def test_tile_and_repeat_take_reps_in_logical_order(sample_shape, layout):
         expected = [torch.tile(s, full[1:]) for s in samples] * full[0]
         out = torch.tile(x, reps)
         assert out.ragged_dim == rd
-        _close(out.tolist(), expected)
-        _close(x.tile(reps).tolist(), expected)
+        _close(out.unbind(), expected)
+        _close(x.tile(reps).unbind(), expected)
         if len(reps) == x.dim():
-            _close(x.repeat(*reps).tolist(), [s.repeat(*full[1:]) for s in samples] * full[0])
+            _close(x.repeat(*reps).unbind(), [s.repeat(*full[1:]) for s in samples] * full[0])
     with pytest.raises(ValueError, match="can't be smaller"):
         x.repeat(2, 2)
 
@@ -537,7 +537,7 @@ def test_tile_zero_length_single_and_empty_batches():
     for lengths in [(0, 2, 0), (3,), ()]:
         x, samples = _moved((2, None, 3), lengths=lengths)
         for reps in [(2, 2, 3, 1), (1, 1, 2, 2)]:
-            _close(torch.tile(x, reps).tolist(),
+            _close(torch.tile(x, reps).unbind(),
                    [s.repeat(*reps[1:]) for s in samples] * reps[0])
 
 
@@ -562,7 +562,7 @@ def test_gradcheck_cat_stack_tile_on_moved_batches():
         lambda x, y: x.reshape(3, -1, -1, 3, 1) + y.reshape(-1, 2, -1, 3, 1),
     ]
     for op in ops:
-        torch.autograd.gradcheck(lambda u, v, op=op: op(moved(u), moved(v)).to_padded(),
+        torch.autograd.gradcheck(lambda u, v, op=op: op(moved(u), moved(v)).to_padded_tensor(),
                                  (a, b))
 
 
@@ -595,36 +595,36 @@ def test_reshape_and_view_keep_the_moved_ragged_dim(layout):
         expected = _reshaped(samples, explicit, 2)
         out = x.reshape(asked)
         assert out.ragged_dim == 2
-        _close(out.tolist(), expected)
-        _close(x.view(*asked).tolist(), expected)
-        _close(torch.reshape(x, asked).tolist(), expected)
+        _close(out.unbind(), expected)
+        _close(x.view(*asked).unbind(), expected)
+        _close(torch.reshape(x, asked).unbind(), expected)
     y, y_samples = _moved((2, 3, None, 4), layout=layout)  # ragged_dim 3
     for asked, explicit in [((4, 3, 2, -1, 4), (4, 3, 2, -1, 4)),
                             ((4, 6, 1, -1, 2, 2), (4, 6, 1, -1, 2, 2)),
                             ((4, -1, 3, -1, 4, 1), (4, 2, 3, -1, 4, 1))]:
         out = y.reshape(*asked)
         assert out.ragged_dim == 3
-        _close(out.tolist(), _reshaped(y_samples, explicit, 3))
+        _close(out.unbind(), _reshaped(y_samples, explicit, 3))
     z, z_samples = _moved((2, 3, 4, None), layout=layout)  # ragged last
     out = z.view(4, 6, 2, 2, -1)
     assert out.ragged_dim == 4
-    _close(out.tolist(), _reshaped(z_samples, (4, 6, 2, 2, -1), 4))
+    _close(out.unbind(), _reshaped(z_samples, (4, 6, 2, 2, -1), 4))
 
 
 def test_reshape_of_zero_length_single_and_empty_batches():
     for lengths in [(0, 0), (3,), ()]:
         x, samples = _moved((2, 3, None, 4), lengths=lengths)
         shape = (len(lengths), 6, 1, -1, 2, 2)
-        _close(x.reshape(shape).tolist(), _reshaped(samples, shape, 3))
+        _close(x.reshape(shape).unbind(), _reshaped(samples, shape, 3))
 
 
 def test_reshape_as_and_view_as_on_moved_batches():
     x, samples = _moved((2, None, 3, 4))
     other, _ = _moved((2, None, 12), seed=1)
-    _close(x.reshape_as(other).tolist(), _reshaped(samples, (4, 2, -1, 12), 2))
-    _close(x.view_as(other).tolist(), _reshaped(samples, (4, 2, -1, 12), 2))
+    _close(x.reshape_as(other).unbind(), _reshaped(samples, (4, 2, -1, 12), 2))
+    _close(x.view_as(other).unbind(), _reshaped(samples, (4, 2, -1, 12), 2))
     dense = torch.zeros(4, 2, 7, 2, 6)  # the size at the ragged dim is ignored
-    _close(x.reshape_as(dense).tolist(), _reshaped(samples, (4, 2, -1, 2, 6), 2))
+    _close(x.reshape_as(dense).unbind(), _reshaped(samples, (4, 2, -1, 2, 6), 2))
     with pytest.raises(ValueError, match="ragged dim at logical dim 2 and the other at 1"):
         x.reshape_as(nestbatch.nested(_samples(2, 12)))
     with pytest.raises(ValueError, match="ragged dim at logical dim 1 and the other at 2"):
@@ -633,11 +633,11 @@ def test_reshape_as_and_view_as_on_moved_batches():
 
 def test_view_dtype_on_moved_batches():
     x, samples = _moved((2, None, 4), dtype=torch.float32)
-    _close(x.view(torch.int32).tolist(), [s.view(torch.int32) for s in samples])
-    _close(x.view(torch.float16).tolist(), [s.view(torch.float16) for s in samples],
+    _close(x.view(torch.int32).unbind(), [s.view(torch.int32) for s in samples])
+    _close(x.view(torch.float16).unbind(), [s.view(torch.float16) for s in samples],
            equal_nan=True)
     last, last_samples = _moved((4, None), dtype=torch.float32)
-    _close(last.view(torch.int32).tolist(), [s.view(torch.int32) for s in last_samples])
+    _close(last.view(torch.int32).unbind(), [s.view(torch.int32) for s in last_samples])
     with pytest.raises(ValueError, match="last dim is the ragged dim"):
         last.view(torch.float16)
 
@@ -676,11 +676,11 @@ def test_unsqueeze_anywhere_after_the_batch_dim(moved, dim):
         y = nestbatch.nested(expected)
     out = y.unsqueeze(dim)
     sample_dim = dim - 1 if dim > 0 else dim
-    _close(out.tolist(), [e.unsqueeze(sample_dim) for e in expected])
+    _close(out.unbind(), [e.unsqueeze(sample_dim) for e in expected])
     position = dim % (y.dim() + 1)
     assert out.ragged_dim == y.ragged_dim + (position <= y.ragged_dim)
     assert out.squeeze(position).ragged_dim == y.ragged_dim
-    _close(out.squeeze(position).tolist(), expected)
+    _close(out.squeeze(position).unbind(), expected)
 
 
 def test_unsqueeze_refuses_the_batch_dim_and_dims_among_several_ragged_dims():
@@ -690,7 +690,7 @@ def test_unsqueeze_refuses_the_batch_dim_and_dims_among_several_ragged_dims():
     images = nestbatch.nested([torch.randn(2, 3, 4), torch.randn(1, 5, 4)], num_ragged_dims=2)
     with pytest.raises(ValueError, match="after the 2 ragged dims"):
         images.unsqueeze(2)
-    _close(images.unsqueeze(3).tolist(), [s.unsqueeze(2) for s in images.tolist()])
+    _close(images.unsqueeze(3).unbind(), [s.unsqueeze(2) for s in images.unbind()])
 
 
 def test_flatten_before_a_moved_ragged_dim_moves_it_down():
@@ -698,7 +698,7 @@ def test_flatten_before_a_moved_ragged_dim_moves_it_down():
     y = nestbatch.nested(samples).permute(0, 2, 3, 1, 4)  # samples (2, 3, L, 4), ragged_dim 3
     out = y.flatten(1, 2)
     assert out.ragged_dim == 2
-    _close(out.tolist(), [s.permute(1, 2, 0, 3).flatten(0, 1) for s in samples])
+    _close(out.unbind(), [s.permute(1, 2, 0, 3).flatten(0, 1) for s in samples])
 
 
 def test_unsqueeze_gradcheck_on_a_moved_batch():

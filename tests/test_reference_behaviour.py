@@ -181,3 +181,34 @@ def test_index_mapping_takes_data_moved_to_different_dims(source_dim, target_dim
                                      _moved(target, target_dim))
     assert moved.non_uniform_dim == target_dim
     assert torch.equal(_moved(moved, 1).tensor, plain.tensor)
+
+
+# --------------------------------------------------------- one name per concept on the batch
+def test_one_name_per_concept():
+    samples = [torch.tensor([[1, 2], [3, 4]]), torch.zeros(0, 2, dtype=torch.int64),
+               torch.tensor([[5, 6]])]
+    batch = nb.nested(samples)
+    assert batch.tolist() == [s.tolist() for s in samples] == batch.to_list()
+    assert all(torch.equal(a, b) for a, b in zip(batch.unbind(), samples))
+    assert all(torch.equal(a, b) for a, b in zip(batch, samples))
+    assert torch.equal(batch[2], samples[2])
+    padded = batch.to_padded_tensor(-1)
+    assert padded.tolist() == [[[1, 2], [3, 4]], [[-1, -1], [-1, -1]], [[5, 6], [-1, -1]]]
+    assert torch.equal(batch.to_tensor(-1), padded)
+    assert batch.to_padded_tensor(0, output_size=(3, 4, 2)).shape == (3, 4, 2)
+    assert batch.to_padded_tensor(0, output_size=(3, -1, 2)).shape == (3, 2, 2)
+    with pytest.raises(ValueError, match="only ragged dims are padded"):
+        batch.to_padded_tensor(0, output_size=(3, 4, 5))
+    with pytest.raises(ValueError, match="3 entries"):
+        batch.to_padded_tensor(0, output_size=(3, 4))
+    for gone in ("sample", "to_pylist", "to_padded", "from_trailing_padding",
+                 "to_packed_sequence", "from_packed_sequence", "to_nested_tensor",
+                 "from_nested_tensor"):
+        assert not hasattr(NestedBatch, gone), gone
+    sequences = nb.nested([torch.randn(3, 4), torch.randn(1, 4)])
+    back = nb.from_packed_sequence(nb.to_packed_sequence(sequences))
+    assert torch.equal(back.values, sequences.values)
+    assert torch.equal(nb.from_nested_tensor(nb.to_nested_tensor(sequences)).values,
+                       sequences.values)
+    with pytest.raises(TypeError, match="takes a NestedBatch"):
+        nb.to_packed_sequence(torch.randn(3, 4))

@@ -144,7 +144,7 @@ def test_varlen_backward_called_directly(backend, dtype):
 # ------------------------------------------------------------------------------ CPU numerics
 def _per_sample(q, k, v, **options):
     outs = []
-    for a, b, c in zip(q.tolist(), k.tolist(), v.tolist()):
+    for a, b, c in zip(q.unbind(), k.unbind(), v.unbind()):
         heads = a.dim() == 3
         a, b, c = ((t.transpose(0, 1) if heads else t) for t in (a, b, c))
         out = F.scaled_dot_product_attention(a, b, c, **options)
@@ -169,7 +169,7 @@ def test_every_option_matches_per_sample_attention(options, key_lengths, key_hea
     q, k, v = _batches(torch.float64, heads=4, key_heads=key_heads, head_dim=8,
                        key_lengths=key_lengths, device="cpu")
     out = F.scaled_dot_product_attention(q, k, v, **options)
-    for got, expected in zip(out.tolist(), _per_sample(q, k, v, **options)):
+    for got, expected in zip(out.unbind(), _per_sample(q, k, v, **options)):
         torch.testing.assert_close(got, expected)
 
 

@@ -180,7 +180,7 @@ def packed_to_list(
     Reads the shapes on the host (a sync if they live on a device), as every list output does.
     """
     batch = _batch_from_packed(packed_tensor, shape_per_tensor, first_idx)
-    return batch.tolist()
+    return list(batch.unbind())
 
 
 def padded_to_list(padded_tensor: Tensor, shape_per_tensor: Tensor) -> list[Tensor]:
@@ -189,7 +189,7 @@ def padded_to_list(padded_tensor: Tensor, shape_per_tensor: Tensor) -> list[Tens
     Reads the shapes on the host (a sync if they live on a device), as every list output does.
     """
     batch = _batch_from_padded(padded_tensor, shape_per_tensor)
-    return batch.tolist()
+    return list(batch.unbind())
 
 
 def packed_to_padded(

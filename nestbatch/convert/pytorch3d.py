@@ -79,7 +79,7 @@ def padded_to_list(
         # Mixed int / sequence entries crop different numbers of dims: one view per sample.
         return [y[tuple(slice(0, s) for s in r)] for y, r in zip(x.unbind(0), rows)]
     shapes = torch.tensor(rows, dtype=torch.long).reshape(len(rows), -1)
-    return NestedBatch(Padded(x, shape_per_sample=shapes.to(x.device))).tolist()
+    return list(NestedBatch(Padded(x, shape_per_sample=shapes.to(x.device))).unbind())
 
 
 def list_to_packed(x: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -106,7 +106,7 @@ def packed_to_list(x: Tensor, split_size: int | Sequence[int]) -> tuple[Tensor, 
     """Split a packed tensor ``(sum Mi, ...)`` along dim 0 (``torch.split``; views)."""
     if isinstance(split_size, int):
         return x.split(split_size, dim=0)
-    return tuple(NestedBatch.from_lengths(x, list(split_size)).tolist())
+    return tuple(NestedBatch.from_lengths(x, list(split_size)).unbind())
 
 
 def padded_to_packed(

@@ -79,7 +79,7 @@ def register(
     -----
     The implementation is called as ``impl(layout, func, args, kwargs)``, where ``layout`` is the
     chosen layout: already materialized, or about to be converted to by the implementation
-    through ``batch.packed()``, ``batch.padded()`` or ``batch.tolist()``, which cache.
+    through ``batch.packed()``, ``batch.padded()`` or ``batch.tensor_list()``, which cache.
     """
     layouts = tuple(layouts)
     if not layouts:

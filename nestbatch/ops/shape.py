@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, moved_ragged_error, storage_dim
+from nestbatch.batch import NestedBatch, moved_ragged_error, sample_of, storage_dim
 from nestbatch.layouts import Layout, RowPartition
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
@@ -283,7 +283,7 @@ def _select(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     index = int(args[2] if len(args) > 2 else kwargs["index"])
     kind, stored = storage_dim(batch, dim)
     if kind == "batch":
-        return batch.sample(index)
+        return sample_of(batch, index)
     if kind == "feature":
         ragged_dim = batch.ragged_dim - (dim < batch.ragged_dim)
         return batch.with_values(batch.values.select(stored, index), ragged_dim)
