@@ -29,6 +29,7 @@ from nestbatch.batching_helpers import (
 )
 from nestbatch.collation import collate, pack
 from nestbatch.factories import as_nested, nested
+from nestbatch.index_payloads import local_indices, packed_indices
 from nestbatch.interop import (
     from_nested_tensor,
     from_packed_sequence,
@@ -79,8 +80,10 @@ __all__ = [
     "get_compact_lists",
     "get_indices_from_mask",
     "get_mask_from_indices",
+    "local_indices",
     "nested",
     "pack",
+    "packed_indices",
     "squeeze_except_batch_and_sample",
     "sum_over_targets",
     "to_nested_tensor",

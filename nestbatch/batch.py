@@ -384,7 +384,7 @@ class NestedBatch(TensorMethods):
         """The batch as :class:`~nestbatch.layouts.Padded` (converted once, then cached).
 
         In stored order, ``(B, max_len, *feature_shape)`` whatever :attr:`ragged_dim` is (see
-        :meth:`to_padded` for the logical order).
+        :meth:`to_padded_tensor` for the logical order).
 
         Parameters
         ----------

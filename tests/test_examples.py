@@ -15,6 +15,8 @@ EXAMPLES = {
     "pointcloud_pipeline.py": "per-cloud features: (5, 32)",
     "handover.py": "empty scene state is zero: True",
     "transformer_encoder.py": "matches the per-sentence block: True",
+    "mesh_normals.py": "mean unit normal of the square: [0.0, 0.0, 1.0]",
+    "graph_message_passing.py": "star centre gets the sum of the leaves: True",
 }
 
 

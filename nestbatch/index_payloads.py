@@ -1,0 +1,133 @@
+"""Index payloads: batches whose values index the rows of another batch.
+
+A mesh's faces index its vertices, a graph's edges its nodes, a span its tokens. Each sample of
+the index batch holds *local* indices, into the matching sample of the target batch. Once the
+target is packed (all samples' rows back to back), the same entries as *packed* (global)
+indices are the local ones shifted by the sample's first row: PyTorch3D's ``faces_packed`` rule
+(``faces_packed = faces + verts_first_idx[mesh]``). :func:`packed_indices` goes one way,
+:func:`local_indices` the other.
+
+Filler: an index batch laid out padded holds ``-1`` in its padded slots (``padded(-1)`` /
+``to_padded_tensor(-1)``), never a valid index; :data:`INDEX_FILLER` names it. Sample values are
+always real entries: ``-1`` never appears among them (checked with ``validate=True``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nestbatch._validation import read_device_values
+from nestbatch.batch import NestedBatch
+
+__all__ = ["INDEX_FILLER", "local_indices", "packed_indices"]
+
+#: The padded slots of an index batch: not an index of any row.
+INDEX_FILLER = -1
+
+
+def packed_indices(indices: NestedBatch, into: NestedBatch, *, validate: bool = True
+                   ) -> NestedBatch:
+    """``indices`` shifted from positions in each sample of ``into`` to rows of its packed
+    values (``into.values``).
+
+    Parameters
+    ----------
+    indices : NestedBatch
+        ``(B, (L_i), *D)`` integer: sample ``i`` indexes the rows of sample ``i`` of ``into``,
+        in ``[0, N_i)`` (e.g. faces ``(F_i, 3)`` of meshes with ``N_i`` vertices).
+    into : NestedBatch
+        ``(B, (N_i), *F)`` with one ragged dim: the batch the indices point into.
+    validate : bool, default True
+        Check that every index lies in its sample's range: one read of the device (a sync).
+
+    Returns
+    -------
+    NestedBatch
+        Same structure as ``indices``; ``into.values[result.values]`` gathers the rows.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a non-integer ``indices``, batch sizes that differ, or (``validate``) an index out
+        of its sample's range.
+    """
+    shift = _sample_starts(indices, into)
+    if validate:
+        _check_range(indices.values, _row_sizes(indices, into), "indices", "local")
+    return indices.with_values(indices.values + shift)
+
+
+def local_indices(packed: Tensor, indices: NestedBatch, into: NestedBatch, *,
+                  validate: bool = True) -> NestedBatch:
+    """The inverse of :func:`packed_indices`: global rows of ``into.values`` back to positions
+    in each sample of ``into``.
+
+    Parameters
+    ----------
+    packed : Tensor
+        ``(total, *D)`` integer, laid out as ``indices.values`` (row ``r`` belongs to the sample
+        of packed row ``r`` of ``indices``), e.g. ``packed_indices(indices, into).values``.
+    indices : NestedBatch
+        Gives the structure (which sample every row of ``packed`` belongs to).
+    into : NestedBatch
+        The batch the indices point into.
+    validate : bool, default True
+        Check that every index lies in the rows of its own sample: one read (a sync).
+
+    Returns
+    -------
+    NestedBatch
+        ``indices``' structure with the local indices.
+    """
+    if not isinstance(packed, Tensor) or packed.shape != indices.values.shape:
+        shape = tuple(packed.shape) if isinstance(packed, Tensor) else type(packed).__name__
+        raise ValueError(
+            f"packed must be a tensor shaped as indices.values {tuple(indices.values.shape)}, "
+            f"got {shape}"
+        )
+    shift = _sample_starts(indices, into)
+    local = packed - shift
+    if validate:
+        _check_range(local, _row_sizes(indices, into), "packed", "global")
+    return indices.with_values(local)
+
+
+def _sample_starts(indices: NestedBatch, into: NestedBatch) -> Tensor:
+    """``into``'s first packed row of each row's sample, shaped to broadcast over ``indices``'
+    packed values."""
+    for name, batch in (("indices", indices), ("into", into)):
+        if not isinstance(batch, NestedBatch):
+            raise TypeError(f"{name} must be a NestedBatch, got {type(batch).__name__}")
+    values = indices.values
+    if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+        raise TypeError(f"indices must hold integers, got {values.dtype}")
+    if indices.batch_size != into.batch_size:
+        raise ValueError(
+            f"indices has {indices.batch_size} samples but into has {into.batch_size}: sample i "
+            "of indices points into sample i of into"
+        )
+    if indices.device != into.device:
+        raise ValueError(f"indices is on {indices.device} but into is on {into.device}")
+    starts = into.offsets[:-1].to(values.dtype)[indices.row_ids]
+    return starts.view(-1, *([1] * (values.dim() - 1)))
+
+
+def _row_sizes(indices: NestedBatch, into: NestedBatch) -> Tensor:
+    values = indices.values
+    sizes = into.lengths.to(values.dtype)[indices.row_ids]
+    return sizes.view(-1, *([1] * (values.dim() - 1)))
+
+
+def _check_range(local: Tensor, sizes: Tensor, name: str, kind: str) -> None:
+    """Raise if an entry of ``local`` is outside ``[0, sizes)`` (per row): one read."""
+    if local.numel() == 0:
+        return
+    offending = ((local < 0) | (local >= sizes)).reshape(local.shape[0], -1).any(1)
+    if read_device_values(offending.any().reshape(1))[0]:
+        row = int(offending.nonzero()[0])  # the error path reads more, to name the row
+        size = int(sizes.reshape(sizes.shape[0], -1)[row, 0])
+        raise ValueError(
+            f"{name}: an index of packed row {row} is outside its sample's {kind} range "
+            f"[0, {size}) once shifted back (indices must point into their own sample)"
+        )
