@@ -27,6 +27,7 @@ from nestbatch._validation import (
     read_device_values,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
+from nestbatch.layouts.padded import check_padding_side
 from nestbatch.tensor_methods import TensorMethods
 
 _PADDED_ANY = object()  # cache key of a padded layout whose filler is unspecified
@@ -282,6 +283,7 @@ class NestedBatch(TensorMethods):
         mask: Tensor | None = None,
         shape_per_sample: Tensor | None = None,
         padding_value: float | None = None,
+        padding_side: str = "right",
         validate: bool = True,
     ) -> NestedBatch:
         """Batch from padded ``data (B, max_len, *feature)`` and lengths, a prefix mask or shapes.
@@ -293,11 +295,15 @@ class NestedBatch(TensorMethods):
         lengths : Tensor or sequence of int, optional
             ``(B,)`` sizes along the one ragged dim.
         mask : Tensor, optional
-            ``(B, max_len)`` bool prefix mask (True then False in every row), instead of lengths.
+            ``(B, max_len)`` bool prefix mask (True then False in every row; a suffix mask with
+            ``padding_side="left"``), instead of lengths.
         shape_per_sample : Tensor, optional
             ``(B, k)`` sizes for ``k >= 1`` ragged dims.
         padding_value : float, optional
             What the padded slots of ``data`` hold, when known.
+        padding_side : {"right", "left"}, default "right"
+            Where ``data``'s padding sits: after each sample or, for left-padded prompts (one
+            ragged dim), before it.
         validate : bool, default True
             Check the sizes / mask against ``data`` (reads device values).
         """
@@ -311,16 +317,24 @@ class NestedBatch(TensorMethods):
                     f"mask must have shape {tuple(data.shape[:2])} (B, max_len of data), got "
                     f"{tuple(mask.shape)}"
                 )
-            lengths = check_prefix_mask(mask) if validate else mask.sum(1)
+            if padding_side == "left":  # a suffix mask is a prefix mask read backwards
+                lengths = check_prefix_mask(mask.flip(1)) if validate else mask.sum(1)
+            else:
+                lengths = check_prefix_mask(mask) if validate else mask.sum(1)
         elif lengths is not None and not isinstance(lengths, Tensor):
             host = host_sizes(lengths, "lengths")
-            return cls.trusted(_padded_with_host_lengths(data, host, padding_value))
+            padded = _padded_with_host_lengths(data, host, padding_value)
+            if padding_side != "right":
+                check_padding_side(padding_side, 1)
+                padded.padding_side = padding_side
+            return cls.trusted(padded)
         return cls(
             Padded(
                 data,
                 lengths,
                 shape_per_sample=shape_per_sample,
                 padding_value=padding_value,
+                padding_side=padding_side,
                 validate=validate,
             )
         )
@@ -341,6 +355,8 @@ class NestedBatch(TensorMethods):
         if isinstance(layout, Padded):
             filler = layout.padding_value
             key = (Layout.PADDED, _PADDED_ANY if filler is None else filler)
+            if layout.padding_side != "right":
+                key += (layout.padding_side,)  # ops read right padding: kept apart
         elif isinstance(layout, Packed):
             key = Layout.PACKED
         else:
@@ -361,7 +377,7 @@ class NestedBatch(TensorMethods):
     def has_layout(self, kind: Layout) -> bool:
         """Whether a layout of ``kind`` is already computed (and cached) for this batch."""
         if kind is Layout.PADDED:
-            return any(type(key) is tuple for key in self._cache)
+            return any(_right_padded(key) for key in self._cache)
         return kind in self._cache
 
     def packed(self) -> Packed:
@@ -380,6 +396,8 @@ class NestedBatch(TensorMethods):
         self,
         padding_value: float | None = 0.0,
         max_shape: Sequence[int | None] | None = None,
+        *,
+        padding_side: str = "right",
     ) -> Padded:
         """The batch as :class:`~nestbatch.layouts.Padded` (converted once, then cached).
 
@@ -394,20 +412,27 @@ class NestedBatch(TensorMethods):
         max_shape : sequence of int, optional
             Pad the ragged dims to this size instead of the largest sample's (kaolin's
             ``max_shape``; ``None`` / -1 entries mean the maximum). Not cached.
+        padding_side : {"right", "left"}, default "right"
+            Pad after each sample, or before it (one ragged dim; as ``pad_sequence(...,
+            padding_side="left")``, the layout decoder-only language models batch prompts in;
+            its :attr:`~nestbatch.layouts.Padded.mask` is then a suffix mask).
         """
         if max_shape is not None:
             source = self._best_source(Layout.PACKED)
-            return convert.to_padded(source, padding_value or 0, max_shape)
+            return convert.to_padded(source, padding_value or 0, max_shape, padding_side)
         if padding_value is None:
             for key, layout in self._cache.items():
-                if isinstance(key, tuple):
+                if isinstance(key, tuple) and layout.padding_side == padding_side:
                     return layout
             padding_value = 0.0
         key = (Layout.PADDED, padding_value)
+        if padding_side != "right":
+            check_padding_side(padding_side, self.num_ragged_dims)
+            key += (padding_side,)
         cached = self._cache.get(key)
         if cached is None:
             source = self._best_source(Layout.PADDED)
-            cached = self._keep(key, convert.to_padded(source, padding_value))
+            cached = self._keep(key, convert.to_padded(source, padding_value, None, padding_side))
         return cached
 
     def tensor_list(self) -> TensorList:
@@ -466,7 +491,7 @@ class NestedBatch(TensorMethods):
             return self._cache[Layout.PACKED]
         if target is Layout.LIST:
             for key, layout in self._cache.items():
-                if isinstance(key, tuple):
+                if _right_padded(key):
                     return layout
         return self._primary
 
@@ -619,7 +644,8 @@ class NestedBatch(TensorMethods):
             return NestedBatch(Packed(fn(layout.values), partition=partition), rd)
         if isinstance(layout, Padded):
             filler = layout.padding_value if keeps_filler else None
-            padded = Padded(fn(layout.data), partition=partition, padding_value=filler)
+            padded = Padded(fn(layout.data), partition=partition, padding_value=filler,
+                            padding_side=layout.padding_side)
             return NestedBatch(padded, rd)
         tensors = [fn(t) for t in layout.tensors]
         return NestedBatch(
@@ -759,6 +785,8 @@ class NestedBatch(TensorMethods):
             start, stop = self._partition.host_offsets[i : i + 2]
             return self._logical(layout.values[start:stop].view(*shape, *layout.feature_shape))
         sample = layout.data[i]
+        if layout.padding_side == "left":
+            return self._logical(sample.narrow(0, sample.shape[0] - shape[0], shape[0]))
         for d, size in enumerate(shape):
             sample = sample.narrow(d, 0, size)
         return self._logical(sample)
@@ -846,7 +874,8 @@ class NestedBatch(TensorMethods):
 
     # ======================================================================= padded tensor
     def to_padded_tensor(
-        self, padding: float = 0.0, output_size: Sequence[int | None] | None = None
+        self, padding: float = 0.0, output_size: Sequence[int | None] | None = None,
+        *, padding_side: str = "right",
     ) -> Tensor:
         """The padded tensor ``(B, *padded ragged sizes, *feature)`` in logical order
         (``torch.nested.to_padded_tensor``).
@@ -859,6 +888,8 @@ class NestedBatch(TensorMethods):
             The full logical shape of the result (as torch's): the batch size and feature sizes
             as the batch has them, each ragged size at least the longest sample (None or -1:
             the longest). Default: the tightest.
+        padding_side : {"right", "left"}, default "right"
+            Pad after or before each sample (see :meth:`padded`).
 
         Returns
         -------
@@ -866,7 +897,8 @@ class NestedBatch(TensorMethods):
             ``padded(padding, ...).data`` with the ragged dim moved to :attr:`ragged_dim` (a
             view); the padded layout itself is cached when ``output_size`` is None.
         """
-        data = self.padded(padding, self._ragged_sizes_of(output_size)).data
+        sizes = self._ragged_sizes_of(output_size)
+        data = self.padded(padding, sizes, padding_side=padding_side).data
         return data if self._ragged_dim == 1 else data.movedim(1, self._ragged_dim)
 
     def _ragged_sizes_of(self, output_size: Sequence[int | None] | None) -> list | None:
@@ -969,7 +1001,7 @@ def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -
 def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
     """The cached layout of ``kind`` (for a padded one, whatever its filler), or None."""
     if kind is Layout.PADDED:
-        return next((lay for key, lay in batch._cache.items() if type(key) is tuple), None)
+        return next((lay for key, lay in batch._cache.items() if _right_padded(key)), None)
     return batch._cache.get(kind)
 
 
@@ -1043,6 +1075,11 @@ def _check_ragged_dim(layout: RaggedLayout, ragged_dim: int) -> None:
     last = 1 + len(layout.feature_shape)
     if not 1 <= ragged_dim <= last:
         raise ValueError(f"ragged_dim={ragged_dim} out of range [1, {last}] for this batch")
+
+
+def _right_padded(key: Any) -> bool:
+    """Whether a cache key is a right-padded layout's (the only padding ops read)."""
+    return type(key) is tuple and len(key) == 2
 
 
 def _kind(layout: RaggedLayout) -> Layout:

@@ -16,7 +16,9 @@ from nestbatch.convert.packed_padded import (
     padded_to_packed,
     refill_padding,
 )
+from nestbatch.convert.padding_side import to_side
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, TensorList
+from nestbatch.layouts.padded import check_padding_side
 
 
 def to_packed(layout: RaggedLayout) -> Packed:
@@ -24,7 +26,7 @@ def to_packed(layout: RaggedLayout) -> Packed:
     if isinstance(layout, Packed):
         return layout
     if isinstance(layout, Padded):
-        return padded_to_packed(layout)
+        return padded_to_packed(to_side(layout, "right"))
     return list_to_packed(layout)
 
 
@@ -32,8 +34,10 @@ def to_padded(
     layout: RaggedLayout,
     padding_value: float = 0.0,
     max_shape: Sequence[int | None] | None = None,
+    padding_side: str = "right",
 ) -> Padded:
-    """Any layout as :class:`Padded` with ``padding_value`` in the padded slots.
+    """Any layout as :class:`Padded` with ``padding_value`` in the padded slots, on
+    ``padding_side`` (``"left"``: one ragged dim, see :mod:`nestbatch.convert.padding_side`).
 
     Raises
     ------
@@ -42,13 +46,17 @@ def to_padded(
         for an integer dtype, ``1e10`` for ``float16``), naming it, the dtype and the value.
     """
     check_filler(padding_value, layout.dtype)
+    check_padding_side(padding_side, layout.partition.num_ragged_dims)
     if isinstance(layout, Padded):
+        layout = to_side(layout, "right")  # the conversions are written for right padding
         if max_shape is None:
-            return refill_padding(layout, padding_value)
+            return to_side(refill_padding(layout, padding_value), padding_side)
         layout = padded_to_packed(layout)
     if isinstance(layout, Packed):
-        return packed_to_padded(layout, padding_value, max_shape)
-    return list_to_padded(layout, padding_value, max_shape)
+        padded = packed_to_padded(layout, padding_value, max_shape)
+    else:
+        padded = list_to_padded(layout, padding_value, max_shape)
+    return to_side(padded, padding_side)
 
 
 def to_list(layout: RaggedLayout) -> TensorList:
@@ -57,7 +65,7 @@ def to_list(layout: RaggedLayout) -> TensorList:
         return layout
     if isinstance(layout, Packed):
         return packed_to_list(layout)
-    return padded_to_list(layout)
+    return padded_to_list(to_side(layout, "right"))
 
 
 def convert(layout: RaggedLayout, target: Layout, padding_value: float = 0.0) -> RaggedLayout:

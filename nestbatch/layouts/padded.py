@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from nestbatch._validation import check_fits, check_non_negative, check_tensor
+from nestbatch.kernels.reference import sizes_mask
 from nestbatch.layouts.base import RaggedLayout
 from nestbatch.layouts.memo import memoized
 from nestbatch.layouts.partition import RowPartition
@@ -29,6 +30,10 @@ class Padded(RaggedLayout):
     padding_value : float, optional
         What the padded slots hold, when known (None: unspecified). Used to skip a refill when
         the same filler is asked for again.
+    padding_side : {"right", "left"}, default "right"
+        Where the padding sits along the one ragged dim: after each sample (``pad_sequence``'s
+        default) or before it (decoder-only language models' prompts); ``"left"`` needs one
+        ragged dim. Its :attr:`mask` is then a suffix mask.
     validate : bool, default True
         Check that sizes are non-negative and fit ``data``; reads device values (a sync).
 
@@ -46,6 +51,7 @@ class Padded(RaggedLayout):
         shape_per_sample: Tensor | None = None,
         partition: RowPartition | None = None,
         padding_value: float | None = None,
+        padding_side: str = "right",
         validate: bool = True,
     ) -> None:
         check_tensor(data, "data")
@@ -63,10 +69,15 @@ class Padded(RaggedLayout):
         self.data = data
         self.partition = partition.to(data.device)
         self.padding_value = padding_value
+        self.padding_side = check_padding_side(padding_side, k)
+
+    #: Right unless the constructor says otherwise (and for layouts pickled before the side).
+    padding_side = "right"
 
     @classmethod
     def trusted(
-        cls, data: Tensor, partition: RowPartition, padding_value: float | None
+        cls, data: Tensor, partition: RowPartition, padding_value: float | None,
+        padding_side: str = "right",
     ) -> Padded:
         """A layout over ``data`` that ``partition`` (on its device) is known to describe.
 
@@ -76,6 +87,8 @@ class Padded(RaggedLayout):
         padded.data = data
         padded.partition = partition
         padded.padding_value = padding_value
+        if padding_side != "right":
+            padded.padding_side = padding_side
         return padded
 
     @property
@@ -95,8 +108,23 @@ class Padded(RaggedLayout):
 
     @memoized
     def mask(self) -> Tensor:
-        """``(B, *padded_shape)`` bool: True on slots that hold sample elements."""
+        """``(B, *padded_shape)`` bool: True on slots that hold sample elements (a prefix of
+        each row, or a suffix with ``padding_side="left"``)."""
+        if self.padding_side == "left":
+            width = self.padded_shape[0]
+            return sizes_mask(width - self.partition.lengths, width, padding=True)
         return self.partition.mask(self.padded_shape)
+
+
+def check_padding_side(side: object, num_ragged_dims: int) -> str:
+    """``side`` if it is ``"right"`` or ``"left"`` (the latter with one ragged dim)."""
+    if side not in ("right", "left"):
+        raise ValueError(f'padding_side must be "right" or "left", got {side!r}')
+    if side == "left" and num_ragged_dims != 1:
+        raise ValueError(
+            f'padding_side="left" needs one ragged dim (as pad_sequence), got {num_ragged_dims}'
+        )
+    return side
 
 
 def _partition_from_sizes(
