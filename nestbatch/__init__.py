@@ -7,7 +7,7 @@ sizes, or a list of tensors, and converts lazily (and cached) between them. The 
 
 import torch
 
-from nestbatch import ops, selection  # noqa: F401  (they plug into NestedBatch)
+from nestbatch import nested_ragged, ops, selection  # noqa: F401  (they plug into NestedBatch)
 from nestbatch.batch import NestedBatch
 from nestbatch.batching_helpers import (
     RaggedBatch,

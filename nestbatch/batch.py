@@ -843,6 +843,54 @@ class NestedBatch(TensorMethods):
             lengths = [tensor.shape[1]] * tensor.shape[0]
         return cls.from_padded(tensor, lengths)
 
+    @classmethod
+    def from_nested_row_splits(
+        cls, flat_values: Tensor, nested_row_splits: Sequence[Any], *, validate: bool = True
+    ) -> Any:
+        """Batch of ragged rank ``len(nested_row_splits)`` (TF's name): an ordinary batch for one
+        level, a :class:`~nestbatch.nested_ragged.NestedRaggedBatch` for more."""
+        return _EXTENSIONS["from_nested_row_splits"](flat_values, nested_row_splits,
+                                                      validate=validate)
+
+    @classmethod
+    def from_nested_row_lengths(
+        cls, flat_values: Tensor, nested_row_lengths: Sequence[Any], *, validate: bool = True
+    ) -> Any:
+        """As :meth:`from_nested_row_splits`, from every level's row lengths (TF's name)."""
+        return _EXTENSIONS["from_nested_row_lengths"](flat_values, nested_row_lengths,
+                                                       validate=validate)
+
+    @property
+    def ragged_rank(self) -> int:
+        """1: one level of raggedness (TF; several levels make a
+        :class:`~nestbatch.nested_ragged.NestedRaggedBatch`)."""
+        self._require_one_level("ragged_rank")
+        return 1
+
+    @property
+    def flat_values(self) -> Tensor:
+        """TF's name for :attr:`values` at ragged rank 1."""
+        self._require_one_level("flat_values")
+        return self.values
+
+    @property
+    def nested_row_splits(self) -> tuple[Tensor]:
+        """``(offsets,)`` (TF's name at ragged rank 1)."""
+        self._require_one_level("nested_row_splits")
+        return (self.offsets,)
+
+    def nested_row_lengths(self) -> tuple[Tensor]:
+        """``(lengths,)`` (TF's name at ragged rank 1)."""
+        self._require_one_level("nested_row_lengths")
+        return (self.lengths,)
+
+    def _require_one_level(self, what: str) -> None:
+        if self.num_ragged_dims != 1:
+            raise ValueError(
+                f"{what} is TF's nested-raggedness vocabulary; a batch of {self.num_ragged_dims} "
+                "ragged dims of rectangular samples (kaolin's) has no nested row splits"
+            )
+
     def row_starts(self) -> Tensor:
         """``(B,)`` int64: where every sample starts in the packed values (``offsets[:-1]``)."""
         return self.offsets[:-1]

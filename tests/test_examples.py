@@ -18,6 +18,7 @@ EXAMPLES = {
     "mesh_normals.py": "mean unit normal of the square: [0.0, 0.0, 1.0]",
     "graph_message_passing.py": "star centre gets the sum of the leaves: True",
     "distributed_gather.py": "boxes per image on every rank: [3, 0, 1, 4, 2]",
+    "documents.py": "padded to (B, max sentences, max tokens, features): (3, 3, 5, 8)",
 }
 
 
