@@ -19,6 +19,7 @@ EXAMPLES = {
     "graph_message_passing.py": "star centre gets the sum of the leaves: True",
     "distributed_gather.py": "boxes per image on every rank: [3, 0, 1, 4, 2]",
     "documents.py": "padded to (B, max sentences, max tokens, features): (3, 3, 5, 8)",
+    "left_padded_prompts.py": "last position read back: True",
 }
 
 
