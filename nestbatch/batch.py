@@ -917,7 +917,7 @@ class NestedBatch(TensorMethods):
         return self.to_padded_tensor(default_value, shape)
 
     def to_list(self) -> list:
-        """TF's name for :meth:`tolist`."""
+        """TF's name for :meth:`tolist` (reads every value on the host: a sync on a GPU)."""
         return self.tolist()
 
     # ======================================================================= padded tensor

@@ -212,6 +212,8 @@ class _SizeMismatch(NamedTuple):
     target_sizes: Tensor
 
     def check(self, count: int) -> None:
+        """Raise when ``count`` samples differ; the message reads both sizes tensors (a sync on
+        a device, on the error path only)."""
         if count:
             raise ValueError(
                 f"source_indices and target_indices must have the same sample sizes (their "

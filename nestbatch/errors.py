@@ -77,7 +77,7 @@ def reference_compatible(fn: F) -> F:
 
 def reference_compatible_class(cls: type) -> type:
     """Apply :func:`reference_compatible` to every method of ``cls`` (plain, class and static
-    methods, property accessors) and to its constructor and item access."""
+    methods, property setters) and to its constructor and item access."""
     for name, value in list(vars(cls).items()):
         if name.startswith("__") and name not in ("__init__", "__getitem__", "__setitem__"):
             continue
@@ -85,10 +85,12 @@ def reference_compatible_class(cls: type) -> type:
             setattr(cls, name, staticmethod(reference_compatible(value.__func__)))
         elif isinstance(value, classmethod):
             setattr(cls, name, classmethod(reference_compatible(value.__func__)))
-        elif isinstance(value, property):
+        elif isinstance(value, property) and (value.fset or value.fdel):
+            # Getters read state and raise nothing for input: left bare (they are hot).
             setattr(cls, name, property(
+                value.fget,
                 *(None if f is None else reference_compatible(f)
-                  for f in (value.fget, value.fset, value.fdel)),
+                  for f in (value.fset, value.fdel)),
                 value.__doc__,
             ))
         elif callable(value):
