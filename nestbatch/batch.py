@@ -450,6 +450,8 @@ class NestedBatch(TensorMethods):
         its own conversion instead, as each torch op builds its own node. (Under ``no_grad``,
         or from data that needs no gradient, conversions are cached.)
         """
+        if torch.compiler.is_compiling():
+            return layout  # a traced graph keeps no state on the batch (nor reads grad_fn)
         tensors = (layout.values,) if isinstance(layout, Packed) else (
             (layout.data,) if isinstance(layout, Padded) else layout.tensors
         )

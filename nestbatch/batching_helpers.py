@@ -250,6 +250,13 @@ def _call_checked(
     indices = [c.indices for c in checks]
     if not check_bounds:
         return kernels.call(name, *args_for(indices))
+    if torch.compiler.is_compiling():
+        # A compiled graph cannot read the device to raise: negative indices are resolved
+        # without a read, and an index out of range is not reported (the operators never read
+        # or write out of bounds; validate before compiling where that matters).
+        resolved = [torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices)
+                    for c in checks]
+        return kernels.call(name, *args_for(resolved))
     stats = _range_stats(checks, None if mismatch is None else mismatch.differs)
     args = args_for(indices)
     if not kernels.runs_compiled(args):

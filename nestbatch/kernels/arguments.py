@@ -29,8 +29,8 @@ def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value")
     if not isinstance(value, int | float | complex):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
     key = (type(value), value, dtype)
-    if key in _FILLERS_SEEN:
-        return value
+    if not torch.compiler.is_compiling() and key in _FILLERS_SEEN:
+        return value  # (a traced graph checks afresh: no guard on this module's memo)
     if isinstance(value, complex) and not dtype.is_complex:
         raise ValueError(f"{name}={value!r} is complex; a {dtype} tensor cannot hold it")
     if dtype.is_complex:
@@ -57,7 +57,8 @@ _FILLERS_SEEN: set = set()
 
 def _remember(key: tuple) -> None:
     # A few hundred (type, value, dtype) triples: the fillers a program uses, checked once.
-    if len(_FILLERS_SEEN) < 256:
+    # Not while torch.compile traces: a graph must not change module state it guards on.
+    if len(_FILLERS_SEEN) < 256 and not torch.compiler.is_compiling():
         _FILLERS_SEEN.add(key)
 
 

@@ -429,5 +429,6 @@ _FEW_SIZES = 64
 
 def _tracing() -> bool:
     """Whether fake tensors are being made (``torch.compile``, FakeTensorMode)."""
-    fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
-    return fake is not None or torch.compiler.is_compiling()
+    if torch.compiler.is_compiling():
+        return True  # first: dynamo cannot trace the dispatch-mode query below
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None

@@ -308,10 +308,20 @@ def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 # =========================================================================== softmax
-@register(*torch_funcs("softmax", "log_softmax", functional=True), torch.special.softmax,
-          torch.special.log_softmax, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
-          moved_ragged=True)
+@register(*torch_funcs("softmax", functional=True), torch.special.softmax,
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
 def _softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    return _softmax_call(layout, args, kwargs, log=False)
+
+
+# Registered apart from softmax, so that no name test (untraceable by dynamo) tells them apart.
+@register(*torch_funcs("log_softmax", functional=True), torch.special.log_softmax,
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
+def _log_softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    return _softmax_call(layout, args, kwargs, log=True)
+
+
+def _softmax_call(layout: Layout, args: tuple, kwargs: dict, *, log: bool) -> Any:
     batch = args[0]
     dim = _arg(args, kwargs, 1, "dim")
     if dim is None:
@@ -319,7 +329,6 @@ def _softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     dim = normalize_dim(batch, dim)
     dtype = kwargs.get("dtype")
     dtype = next((a for a in args[2:] if isinstance(a, torch.dtype)), dtype)
-    log = "log_softmax" in func.__name__
     return softmax(layout, batch, dim, log=log, dtype=dtype)
 
 
