@@ -1,0 +1,109 @@
+"""Eager vs ``torch.compile`` for model blocks that take ragged batches (NestedBatch).
+
+Two blocks on a batch of sequences ``(B, (L_i), D)``: an MLP block (LayerNorm, Linear, GELU,
+Linear, residual) and an encoder block (the MLP block after a self-attention sub-block through
+``F.scaled_dot_product_attention`` on the batch). Each is timed eager and compiled
+(``fullgraph=True``; ``aot_eager`` and ``inductor``), forward only and forward + backward, in
+one run; the compile time of each compiled variant is printed once. Usage::
+
+    python benchmarks/bench_compile.py [--device cuda] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import add_common_args, median_time, print_table, sync_for  # noqa: E402
+from nestbatch import NestedBatch  # noqa: E402
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), \
+            nn.Linear(4 * dim, dim)
+
+    def forward(self, x: NestedBatch) -> NestedBatch:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.norm, self.qkv, self.out = heads, nn.LayerNorm(dim), \
+            nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = MLPBlock(dim)
+
+    def forward(self, x: NestedBatch) -> NestedBatch:
+        qkv = self.qkv(self.norm(x)).values
+        head_dim = qkv.shape[-1] // (3 * self.heads)
+        q, k, v = (x.with_values(t.reshape(t.shape[0], self.heads, head_dim))
+                   for t in qkv.chunk(3, dim=-1))
+        attended = F.scaled_dot_product_attention(q, k, v).values.flatten(1)
+        return self.mlp(x + self.out(x.with_values(attended)))
+
+
+def make_batch(batch: int, mean_len: int, dim: int, device: str) -> NestedBatch:
+    gen = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(1, 2 * mean_len, (batch,), generator=gen).tolist()
+    values = torch.randn(sum(lengths), dim, generator=gen).to(device)
+    return NestedBatch.from_lengths(values, lengths)
+
+
+def step(module: nn.Module, fn, x: NestedBatch, backward: bool):
+    def run():
+        out = fn(x)
+        if backward:
+            out.values.sum().backward()
+            module.zero_grad(set_to_none=True)
+        return out
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    batch, mean_len, dim = (8, 32, 64) if args.quick else (32, 128, 256)
+    repeat = 5 if args.quick else 20
+    timing = {"warmup": 2, "repeat": repeat, "cuda_sync": sync_for(args.device)}
+    x = make_batch(batch, mean_len, dim, args.device)
+    rows = []
+    for name, module in (("MLP block", MLPBlock(dim)), ("encoder block", EncoderBlock(dim, 4))):
+        module = module.to(args.device)
+        variants = {"eager": module}
+        for backend in ("aot_eager", "inductor"):
+            torch._dynamo.reset()
+            compiled = torch.compile(module, fullgraph=True, backend=backend)
+            began = time.perf_counter()
+            step(module, compiled, x, backward=True)()  # compiles forward and backward
+            print(f"  {name}, {backend}: compiled in {time.perf_counter() - began:.1f} s",
+                  file=sys.stderr, flush=True)
+            variants[backend] = compiled
+        for backward in (False, True):
+            eager_ms = None
+            for variant, fn in variants.items():
+                ms = median_time(step(module, fn, x, backward), **timing) * 1e3
+                eager_ms = ms if variant == "eager" else eager_ms
+                rows.append((name, "fwd+bwd" if backward else "fwd", variant, ms, eager_ms / ms))
+    print_table(
+        ["block", "pass", "variant", "median ms", "speed-up vs eager"], rows,
+        title=f"torch.compile on a NestedBatch, B={batch}, mean length {mean_len}, D={dim}, "
+        f"{args.device}, torch {torch.__version__}",
+    )
+
+
+if __name__ == "__main__":
+    main()
