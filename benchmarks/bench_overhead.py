@@ -10,7 +10,7 @@ writes, per-sample ``nonzero``), in one run; the target is
 ``nestbatch.kernels`` operator, so the gap between the public call and its operator stays
 visible. Usage::
 
-    python benchmarks/bench_overhead.py [--device cuda] [--quick] [--batch 4]
+    python benchmarks/bench_overhead.py [--device cuda] [--quick] [--batch 4] [--only NAME]
 """
 
 from __future__ import annotations
@@ -185,11 +185,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser)
     parser.add_argument("--batch", type=int, default=4, help="samples per batch (default 4)")
+    parser.add_argument("--only", default="", help="time only the rows whose name contains this")
     args = parser.parse_args()
     repeat = 200 if args.quick else 2000
     timing = {"warmup": 50, "repeat": repeat, "cuda_sync": sync_for(args.device)}
     table = []
     for name, ours, plain in rows(args.batch, args.device):
+        if args.only not in name:
+            continue
         t_ours = median_time(ours, **timing) * 1e6
         t_plain = median_time(plain, **timing) * 1e6
         target = 1.5 * t_plain + 15

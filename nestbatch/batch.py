@@ -452,10 +452,7 @@ class NestedBatch(TensorMethods):
         """
         if torch.compiler.is_compiling():
             return layout  # a traced graph keeps no state on the batch (nor reads grad_fn)
-        tensors = (layout.values,) if isinstance(layout, Packed) else (
-            (layout.data,) if isinstance(layout, Padded) else layout.tensors
-        )
-        if not any(t.grad_fn is not None for t in tensors):
+        if not layout.recorded_by_autograd:
             self._cache[key] = layout
         return layout
 

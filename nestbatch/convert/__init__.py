@@ -46,6 +46,8 @@ def to_padded(
         for an integer dtype, ``1e10`` for ``float16``), naming it, the dtype and the value.
     """
     check_filler(padding_value, layout.dtype)
+    if type(layout) is Packed and padding_side == "right":
+        return packed_to_padded(layout, padding_value, max_shape)  # the common case, first
     check_padding_side(padding_side, layout.partition.num_ragged_dims)
     if isinstance(layout, Padded):
         layout = to_side(layout, "right")  # the conversions are written for right padding

@@ -20,6 +20,8 @@ fillers. This module deliberately avoids ``from __future__ import annotations``:
 infers the schemas from the real annotation objects.
 """
 
+from functools import partial
+
 import torch
 from torch import Tensor
 from torch.types import Number
@@ -433,12 +435,13 @@ bool_compaction_op.register_autograd(
 )
 
 
-# What every operator runs on the CPU, by name.
+# What every operator runs on the CPU, by name. (The wrappers above, as partials: the same
+# call without a Python frame, which :func:`nestbatch.kernels.call` pays on every host call.)
 CPU_IMPLEMENTATIONS = {
-    "packed_to_padded": _packed_to_padded_cpu,
-    "padded_to_packed": _padded_to_packed_cpu,
-    "fill_padding": _fill_padding_cpu,
-    "indexing_access": _indexing_access_cpu,
+    "packed_to_padded": partial(cpu.packed_to_padded, reference=_packed_to_padded_reference),
+    "padded_to_packed": partial(cpu.padded_to_packed, reference=_padded_to_packed_reference),
+    "fill_padding": partial(cpu.fill_padding, reference=_fill_padding_reference),
+    "indexing_access": partial(cpu.indexing_access, reference=_indexing_access_reference),
     "indexing_write": _indexing_write_reference,
     "inverse_indexing_access": _inverse_indexing_access_reference,
     "index_mapping": _index_mapping_reference,

@@ -87,6 +87,11 @@ class Packed(RaggedLayout):
         return self.values.dtype
 
     @property
+    def recorded_by_autograd(self) -> bool:
+        """Whether a stored tensor has a ``grad_fn`` (see :class:`RaggedLayout`)."""
+        return self.values.grad_fn is not None
+
+    @property
     def row_ids(self) -> Tensor:
         """``(total,)`` int64: the sample of every row of ``values``."""
         return self.partition.row_ids

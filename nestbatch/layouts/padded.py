@@ -106,6 +106,11 @@ class Padded(RaggedLayout):
         """Element dtype."""
         return self.data.dtype
 
+    @property
+    def recorded_by_autograd(self) -> bool:
+        """Whether a stored tensor has a ``grad_fn`` (see :class:`RaggedLayout`)."""
+        return self.data.grad_fn is not None
+
     @memoized
     def mask(self) -> Tensor:
         """``(B, *padded_shape)`` bool: True on slots that hold sample elements (a prefix of

@@ -94,6 +94,11 @@ class TensorList(RaggedLayout):
         return self._dtype
 
     @property
+    def recorded_by_autograd(self) -> bool:
+        """Whether a stored tensor has a ``grad_fn`` (see :class:`RaggedLayout`)."""
+        return any(t.grad_fn is not None for t in self.tensors)
+
+    @property
     def device(self) -> torch.device:
         """Device of the samples."""
         return self.partition.device
