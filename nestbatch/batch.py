@@ -158,7 +158,9 @@ class NestedBatch(TensorMethods):
             host = host_sizes(lengths, "lengths")
             longest = _check_host_lengths(host, values.shape[0], max_len)
             width = longest if max_len is None else max_len
-            partition = RowPartition.from_host_lengths(host, values.device, max_len=width)
+            partition = RowPartition.from_host_lengths(
+                host, values.device, max_len=width, total=values.shape[0], traceable=True
+            )
             return cls.trusted(Packed.trusted(values, partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
         partition = RowPartition.from_lengths(lengths, max_len=max_len)
@@ -1008,7 +1010,9 @@ def _padded_with_host_lengths(
             f"lengths do not fit the padded data: largest length {max(host)} exceeds its "
             f"max_len {data.shape[1]}"
         )
-    partition = RowPartition.from_host_lengths(host, data.device)
+    partition = RowPartition.from_host_lengths(
+        host, data.device, max_len=max(host, default=0), total=sum(host), traceable=True
+    )
     return Padded.trusted(data, partition, padding_value)
 
 

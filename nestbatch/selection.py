@@ -288,12 +288,18 @@ def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
     if step <= 0:
         raise ValueError(f"slice step on ragged dim 1 must be positive, got {step}")
     padded = cached_layout(batch, Layout.PADDED)
-    if not partition.knows_host_shapes:
+    if not partition.knows_host_shapes or (
+        torch.compiler.is_compiling() and _is_prefix_slice((s,))
+    ):
         # A prefix of device-known sizes: the padding kernel cuts every sample at the stop.
+        # (Also while torch.compile traces, whatever the host knows: the sizes stay tensors and
+        # the width one int, so the graph does not specialize on every length.)
         stop = partition.max_shape[0] if s.stop is None and partition._max_shape else s.stop
         width = _slice_bound(stop, "stop")
+        if partition._max_shape is not None:
+            width = min(width, partition._max_shape[0])  # no wider than the longest sample
         lengths = partition.lengths.clamp(max=width)
-        new = RowPartition.from_lengths(lengths, max_len=None)
+        new = RowPartition.from_lengths(lengths, max_len=width)
         if padded is not None:
             return _narrow_padded(padded, new, (slice(None, width),))
         data = batch.padded(0.0, max_shape=None).data if s.stop is None else \

@@ -1,14 +1,18 @@
-"""torch.compile of functions that take NestedBatches (issue #17, part): one graph
-(``fullgraph=True``) for the common model vocabulary, results equal to eager, and a training
-step whose gradients equal eager's."""
+"""torch.compile of functions that take and return NestedBatches (issue #17): one graph
+(``fullgraph=True``) for the common model vocabulary, results equal to eager; dynamic sizes (other
+lengths and batch sizes reuse the graph: none with ``dynamic=True``, one recompile with torch's
+automatic dynamic shapes); a training step whose gradients equal eager's; batches in and out of
+compiled functions."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 import nestbatch as nb
 from nestbatch import NestedBatch
@@ -89,12 +93,158 @@ def test_training_step_gradients_equal_eager():
         torch.testing.assert_close(got, param.grad)
 
 
+#: Batches of other lengths and other batch sizes (B = 4, 3, 6, 2, 3; lengths with a 0).
+OTHER_LENGTHS = ([3, 5, 2, 10], [4, 4, 1], [1, 2, 3, 0, 5, 6], [7, 1], [2, 9, 3])
+
+
+def _like(make, lengths, seed=0):
+    """A batch like ``make()``'s with the given lengths."""
+    template = make().values
+    gen = torch.Generator().manual_seed(seed)
+    shape = (sum(lengths), *template.shape[1:])
+    if template.is_floating_point():
+        values = torch.randn(shape, generator=gen)
+    else:
+        values = torch.randint(0, 50, shape, generator=gen)
+    return NestedBatch.from_lengths(values, lengths)
+
+
+def _graphs_for_other_sizes(fn, make, dynamic):
+    """Compile ``fn`` once, call it on every entry of :data:`OTHER_LENGTHS` (checking each
+    result against eager) and return how many graphs dynamo made."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, lengths in enumerate(OTHER_LENGTHS):
+            x = _like(make, lengths, seed=i)
+            torch.testing.assert_close(_plain(compiled(x)), _plain(fn(x)), equal_nan=True)
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("name", sorted(VOCABULARY))
+def test_dynamic_true_reuses_one_graph_for_other_sizes(name):
+    assert _graphs_for_other_sizes(*VOCABULARY[name], dynamic=True) == 1
+
+
+@pytest.mark.parametrize("name", ["linear_layernorm_gelu", "softmax", "prefix_slice", "sdpa"])
+def test_automatic_dynamic_recompiles_at_most_once(name):
+    # torch's default: the first call specializes, the first change of sizes makes them dynamic.
+    assert _graphs_for_other_sizes(*VOCABULARY[name], dynamic=None) <= 2
+
+
+def test_batched_indexing_access_with_other_sizes_recompiles_at_most_once():
+    torch._dynamo.reset()
+    counters.clear()
+    fn = nb.batched_indexing_access
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    gen = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for b, n, m in ((4, 5, 3), (6, 7, 2), (3, 9, 5), (8, 4, 4)):
+            data = torch.randn(b, n, 6, generator=gen)
+            indices = nb.RaggedBatch(torch.randint(-n, n, (b, m), generator=gen),
+                                     sample_sizes=torch.randint(0, m + 1, (b,), generator=gen))
+            assert torch.equal(compiled(data, indices).tensor, fn(data, indices).tensor)
+    assert counters["stats"]["unique_graphs"] <= 2
+
+
+def test_training_steps_on_other_sizes_match_eager():
+    """Compiled forward and loss (one graph), ``backward()`` outside it, an optimizer step;
+    batches of other sizes on every step. Parameters after each step equal eager's."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    eager_model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16),
+                                      torch.nn.GELU(), torch.nn.Linear(16, 4))
+    compiled_model = copy.deepcopy(eager_model)
+
+    def loss_fn(model, b):
+        scores = model(b)
+        return torch.log_softmax(scores, dim=1).to_padded_tensor(0.0).pow(2).mean() \
+            + torch.amax(scores, dim=1).square().mean()
+
+    compiled_loss = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager_model, compiled_model)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, lengths in enumerate(OTHER_LENGTHS):
+            for model, loss, optimizer in zip((eager_model, compiled_model),
+                                              (loss_fn, compiled_loss), optimizers):
+                # A fresh batch for each, as from a data loader: metadata that eager code
+                # cached on a batch is part of what dynamo guards on.
+                batch = _like(_batch, lengths, seed=i)
+                optimizer.zero_grad()
+                loss(model, batch).backward()
+                optimizer.step()
+            for a, b in zip(eager_model.parameters(), compiled_model.parameters()):
+                torch.testing.assert_close(a, b)
+    assert counters["stats"]["unique_graphs"] <= 2
+
+
+def test_batches_in_and_out_of_compiled_functions():
+    """A compiled function returns NestedBatches (new structure included) that eager code and
+    a second compiled function take as they are."""
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(16, 16)
+
+    def first(b):
+        y = torch.relu(lin(b))
+        return y, y[:, :3]
+
+    def second(y, head):
+        return torch.softmax(head, dim=1), torch.sum(y, dim=1)
+
+    compiled_first = torch.compile(first, fullgraph=True, backend="aot_eager")
+    compiled_second = torch.compile(second, fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, lengths in enumerate(OTHER_LENGTHS[:3]):
+            b = _like(_batch, lengths, seed=i)
+            y, head = compiled_first(b)
+            ref_y, ref_head = first(b)
+            assert y.lengths.tolist() == lengths
+            assert head.lengths.tolist() == [min(n, 3) for n in lengths]
+            for got, want in zip(head.to_list(), ref_head.to_list()):
+                torch.testing.assert_close(got, want)
+            assert y.partition is b.partition  # with_values keeps the structure object
+            soft, total = compiled_second(y, head)
+            ref_soft, ref_total = second(ref_y, ref_head)
+            torch.testing.assert_close(soft.to_padded_tensor(0.0), ref_soft.to_padded_tensor(0.0))
+            torch.testing.assert_close(total, ref_total)
+
+
+def test_two_batches_of_one_structure_share_a_dynamic_graph():
+    """Binary ops on batches built apart compare their structures on the device inside the
+    graph (no specialization on the lengths); a mismatch still fails the call."""
+    torch._dynamo.reset()
+    counters.clear()
+
+    def fn(a, b):
+        return (a * b).sum(1)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, lengths in enumerate(OTHER_LENGTHS):
+            a, b = _like(_batch, lengths, seed=i), _like(_batch, lengths, seed=i + 10)
+            torch.testing.assert_close(compiled(a, b), fn(a, b), equal_nan=True)
+        assert counters["stats"]["unique_graphs"] == 1
+        a, b = _like(_batch, [3, 3]), _like(_batch, [2, 4])
+        with pytest.raises(RuntimeError, match="same row structure"):
+            compiled(a, b)
+
+
 @pytest.mark.slow
 def test_inductor_on_the_cpu():
     torch._dynamo.reset()
+    counters.clear()
     fn, make = VOCABULARY["sum_over_ragged"]
-    x = make()
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = torch.compile(fn, fullgraph=True, backend="inductor")(x)
-    torch.testing.assert_close(compiled, fn(x))
+        for i, lengths in enumerate(OTHER_LENGTHS):
+            x = _like(make, lengths, seed=i)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert counters["stats"]["unique_graphs"] <= 2

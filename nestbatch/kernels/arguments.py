@@ -58,7 +58,7 @@ _FILLERS_SEEN: set = set()
 def _remember(key: tuple) -> None:
     # A few hundred (type, value, dtype) triples: the fillers a program uses, checked once.
     # Not while torch.compile traces: a graph must not change module state it guards on.
-    if len(_FILLERS_SEEN) < 256 and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and len(_FILLERS_SEEN) < 256:
         _FILLERS_SEEN.add(key)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 
 class memoized:  # noqa: N801 (used as a decorator, like ``property``)
     """Like :func:`functools.cached_property`, without its lock.
@@ -14,6 +16,11 @@ class memoized:  # noqa: N801 (used as a decorator, like ``property``)
     function of it, so computing a value twice in a race is harmless. The value lands in the
     instance ``__dict__``, which later lookups find first (this is a non-data descriptor), so a
     cached read costs a plain attribute access.
+
+    Nothing is stored while ``torch.compile`` traces: a value computed inside a graph would be
+    written back onto the object as a side effect after every call (an extra graph output), and
+    values that depend on how the graph was traced (see
+    :attr:`~nestbatch.layouts.RowPartition.host_has_empty`) must not outlive it.
     """
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
@@ -28,5 +35,6 @@ class memoized:  # noqa: N801 (used as a decorator, like ``property``)
         if instance is None:
             return self
         value = self.fn(instance)
-        instance.__dict__[self.name] = value
+        if not torch.compiler.is_compiling():
+            instance.__dict__[self.name] = value
         return value

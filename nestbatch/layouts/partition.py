@@ -78,6 +78,9 @@ class RowPartition:
             self._batch_size, self._num_ragged_dims = shape_per_sample.shape
         self._host_shapes = host_shapes
         self._max_shape = max_shape
+        # A flag, not a test of ``self._lengths_on_host``: under torch.compile a
+        # membership test realizes the whole ``__dict__`` and guards on its tuples' lengths.
+        self._lengths_on_host = False
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -96,19 +99,36 @@ class RowPartition:
 
     @classmethod
     def from_host_lengths(
-        cls, lengths: Sequence[int], device: torch.device, *, max_len: int | None = None
+        cls,
+        lengths: Sequence[int],
+        device: torch.device,
+        *,
+        max_len: int | None = None,
+        total: int | None = None,
+        traceable: bool = False,
     ) -> RowPartition:
         """Partition of a batch with one ragged dim whose lengths (Python ints) are known on the
-        host; ``max_len``, when given, must be at least the largest.
+        host; ``max_len``, when given, must be at least the largest, and ``total`` their sum.
 
         Costs no pass over the lengths beyond a tuple copy: the per-sample shapes, the maximum
         and the offsets are derived on first use (thousands of samples stay cheap).
+
+        ``traceable=True`` (with ``max_len`` and ``total``) makes the offsets now (one small
+        host-to-device copy) instead: a function that ``torch.compile`` traces then reads the
+        sizes from the offsets tensor, whose length is a dynamic size, and from two ints,
+        never from the tuple of lengths, whose length and entries it would specialize on (one
+        graph per batch size).
         """
         partition = cls(None, host_shapes=(), device=device)
         partition._host_shapes = None  # derived from the lengths when asked for
         partition._batch_size = len(lengths)
         partition.__dict__["host_lengths"] = tuple(lengths)
+        partition._lengths_on_host = True
         partition._max_shape = None if max_len is None else (max_len,)
+        if total is not None:
+            partition.__dict__["total"] = total
+        if traceable:
+            partition.__dict__["offsets"] = partition._host_offsets(torch.int64)
         return partition
 
     @classmethod
@@ -121,7 +141,7 @@ class RowPartition:
     ) -> RowPartition:
         """Partition of a batch with one ragged dim, from its lengths ``(B,)``."""
         host = None if host_lengths is None else tuple((int(n),) for n in host_lengths)
-        max_shape = None if max_len is None else (int(max_len),)
+        max_shape = None if max_len is None else (_size(max_len),)
         return cls(lengths.reshape(-1, 1), host_shapes=host, max_shape=max_shape)
 
     @classmethod
@@ -133,7 +153,7 @@ class RowPartition:
         partition = cls(None, host_shapes=(), device=offsets.device)
         partition._host_shapes = None
         partition._batch_size = offsets.shape[0] - 1
-        partition._max_shape = None if max_len is None else (int(max_len),)
+        partition._max_shape = None if max_len is None else (_size(max_len),)
         partition.__dict__["offsets"] = offsets
         if total is not None:
             partition.note_total(total)
@@ -208,7 +228,7 @@ class RowPartition:
     @property
     def knows_host_shapes(self) -> bool:
         """Whether the per-sample shapes are known on the host (no sync needed to read them)."""
-        return self._host_shapes is not None or "host_lengths" in self.__dict__
+        return self._host_shapes is not None or self._lengths_on_host
 
     # ---------------------------------------------------------------------- derived, on the host
     @memoized
@@ -218,7 +238,7 @@ class RowPartition:
         Synchronizes with the device once when the shapes were only known there.
         """
         if self._host_shapes is None:
-            if "host_lengths" in self.__dict__ and self.num_ragged_dims == 1:
+            if self._lengths_on_host and self.num_ragged_dims == 1:
                 self._host_shapes = tuple(zip(self.host_lengths))
             else:
                 self._host_shapes = tuple(tuple(row) for row in self.shape_per_sample.tolist())
@@ -245,7 +265,7 @@ class RowPartition:
         """
         if self._max_shape is not None:
             return self._max_shape
-        if "host_lengths" in self.__dict__ and self.num_ragged_dims == 1:
+        if self._lengths_on_host and self.num_ragged_dims == 1:
             return (max(self.host_lengths, default=0),)
         if self._host_shapes is not None or self.batch_size == 0:
             shapes = self.host_shapes
@@ -265,10 +285,12 @@ class RowPartition:
         """Whether :attr:`total` is known on the host (no sync needed to read it)."""
         return self.knows_host_shapes or "total" in self.__dict__
 
-    @memoized
+    @property
     def host_has_empty(self) -> bool | None:
-        """Whether some sample has no element, when known on the host (None otherwise)."""
-        if not self.knows_host_shapes:
+        """Whether some sample has no element, when known on the host (None otherwise; and
+        while ``torch.compile`` traces, which would specialize its graph on every length).
+        Not memoized (a membership test at C speed): a cached value would be guarded on."""
+        if not self.knows_host_shapes or torch.compiler.is_compiling():
             return None
         return 0 in self.host_lengths
 
@@ -377,7 +399,7 @@ class RowPartition:
         device = torch.device(device)
         if device == self.device:
             return self
-        if self._host_shapes is None and "host_lengths" in self.__dict__:
+        if self._host_shapes is None and self._lengths_on_host:
             moved = RowPartition.from_host_lengths(self.host_lengths, device)
             moved._max_shape = self._max_shape
             return moved
@@ -414,6 +436,7 @@ class RowPartition:
             "_device": self._device,
             "_batch_size": self._batch_size,
             "_num_ragged_dims": self._num_ragged_dims,
+            "_lengths_on_host": False,  # the host sizes travel as ``_host_shapes``
             **({"offsets": self.__dict__["offsets"]} if self._shapes is None
                and not known else {}),
         }
@@ -425,6 +448,12 @@ class RowPartition:
 
 #: Up to this many host sizes, Python builtins sum them faster than a round trip through torch.
 _FEW_SIZES = 64
+
+
+def _size(value: object) -> int | torch.SymInt:
+    """A size as an int; a symbolic size of a graph being traced stays symbolic (``int()``
+    would specialize the graph on its current value)."""
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def _tracing() -> bool:

@@ -106,6 +106,16 @@ def check_same_structure(a: NestedBatch, b: NestedBatch, what: str = "batches") 
     if pa is pb:
         return
     same = pa.batch_size == pb.batch_size and pa.num_ragged_dims == pb.num_ragged_dims
+    if same and torch.compiler.is_compiling():
+        # A traced graph compares on the device and fails asynchronously on a mismatch: a
+        # comparison of host shapes would specialize the graph on every length, a read of the
+        # device comparison would break it.
+        if pa.num_ragged_dims == 1:
+            equal = (pa.offsets == pb.offsets.to(pa.device)).all()
+        else:
+            equal = (pa.shape_per_sample == pb.shape_per_sample.to(pa.device)).all()
+        torch._assert_async(equal, f"{what} must have the same row structure")
+        return
     if same and pa.knows_host_shapes and pb.knows_host_shapes:
         same = pa.host_shapes == pb.host_shapes
     elif same:
