@@ -236,6 +236,25 @@ def test_two_batches_of_one_structure_share_a_dynamic_graph():
             compiled(a, b)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["elementwise", "mean_method", "softmax", "prefix_slice", "to_padded"])
+def test_dynamic_graphs_on_cuda(name):
+    """The same on CUDA tensors (the operators' CUDA kernels inside the graph)."""
+    fn, make = VOCABULARY[name]
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, lengths in enumerate(OTHER_LENGTHS):
+            x = _like(make, lengths, seed=i)
+            x = NestedBatch.from_lengths(x.values.cuda(), lengths)
+            with torch.no_grad():
+                got, want = _plain(compiled(x)), _plain(fn(x))
+            torch.testing.assert_close(got, want, equal_nan=True)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.slow
 def test_inductor_on_the_cpu():
     torch._dynamo.reset()
