@@ -269,12 +269,17 @@ def _call_checked(
     return out if resolved is None else kernels.call(name, *args_for(resolved))
 
 
-def _range_stats(checks: Sequence[_RangeCheck], extra: Tensor | None = None) -> Tensor | None:
+def _range_stats(
+    checks: Sequence[_RangeCheck], extra: Tensor | None = None
+) -> Tensor | list[int] | None:
     """``[min, max(, smallest bound)]`` of every non-empty index tensor, then the number of
-    ``True`` in ``extra`` (a bool tensor) when given, in one device tensor."""
+    ``True`` in ``extra`` (a bool tensor) when given, in one device tensor (host tensors: a
+    list of the numbers, read)."""
     live = [c for c in checks if c.indices.numel()]
     if not live and extra is None:
         return None
+    if all(c.indices.is_cpu for c in live) and (extra is None or extra.is_cpu):
+        return _host_range_stats(live, extra)
     dtypes = {c.indices.dtype for c in live}
     if len(dtypes) == 1 and not any(isinstance(c.bound, Tensor) for c in live):
         # Written in place: no op to gather the numbers into one tensor for the read.
@@ -294,14 +299,29 @@ def _range_stats(checks: Sequence[_RangeCheck], extra: Tensor | None = None) -> 
     return torch.stack(parts)
 
 
+def _host_range_stats(live: Sequence[_RangeCheck], extra: Tensor | None) -> list[int]:
+    """:func:`_range_stats` of host tensors, read as they are computed (no device to wait
+    for: one ``aminmax`` per index tensor, no gathering of the numbers into one tensor)."""
+    stats: list[int] = []
+    for c in live:
+        low, high = torch.aminmax(c.indices)
+        stats += (int(low), int(high))
+        if isinstance(c.bound, Tensor):
+            stats.append(int(c.bound.min()))
+    if extra is not None:
+        stats.append(int(extra.sum()))
+    return stats
+
+
 def _read_range_check(
-    checks: Sequence[_RangeCheck], stats: Tensor | None, mismatch: _SizeMismatch | None = None
+    checks: Sequence[_RangeCheck], stats: Tensor | list[int] | None,
+    mismatch: _SizeMismatch | None = None,
 ) -> list[Tensor] | None:
-    """Read ``stats`` (one sync) and raise for mismatched sizes or an out-of-range valid slot;
+    """Read ``stats`` (one sync; host stats come read) and raise for mismatched sizes or an out-of-range valid slot;
     the index tensors with negative indices resolved, or ``None`` when none was negative."""
     if stats is None:
         return None
-    read = read_device_values(stats)
+    read = stats if isinstance(stats, list) else read_device_values(stats)
     if mismatch is not None:
         mismatch.check(read[-1])
     values = iter(read)
@@ -341,6 +361,8 @@ def _check_valid_slots(check: _RangeCheck) -> int:
 
 def _index_slots(indices: RaggedBatch) -> tuple[Tensor, Tensor]:
     """Flattened ``(indices (B, M), sizes (B,))`` of an index batch."""
+    if indices.num_batch_dims == 1:
+        return indices.tensor, indices.sample_sizes  # already flat: no views to make
     flat = indices.tensor.reshape(indices.total_num_samples_in_batch, indices.max_sample_size)
     return flat, indices.sample_sizes.reshape(-1)
 

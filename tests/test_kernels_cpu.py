@@ -317,3 +317,70 @@ def test_gather_autograd_runs_the_reference(every_size):
     indices = torch.tensor([[0, 3, 3], [1, 0, 9], [2, 2, 2]])
     sizes = torch.tensor([3, 2, 0])
     assert torch.autograd.gradcheck(lambda d: kernels.indexing_access(d, indices, sizes, 1.0), data)
+
+
+# ------------------------------------------------------------- small index operators (selection)
+def _unique_indices(batch, width, targets, generator, index_dtype):
+    """``(batch, width)`` indices, valid slots unique per sample in ``[0, targets)``; sizes
+    (possibly above ``width``: every slot is then valid); padding slots hold garbage."""
+    size_cap = min(width, targets)
+    sizes = torch.randint(0, size_cap + 1, (batch,), generator=generator)
+    indices = torch.zeros(batch, width, dtype=torch.int64)
+    for b in range(batch):  # a permutation's prefix: unique
+        indices[b, :size_cap] = torch.randperm(targets, generator=generator)[:size_cap]
+    indices = torch.where(torch.arange(width) < sizes.unsqueeze(1), indices, -(10**6))
+    return indices.to(index_dtype), sizes.to(index_dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(0, 5),
+    targets=st.integers(0, 7),
+    width=st.integers(0, 6),
+    feature=st.sampled_from([(), (1,), (3,), (2, 2)]),
+    dtype=st.sampled_from(ALL_DTYPES),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+    seed=st.integers(0, 2**16),
+)
+def test_selection_path_matches_reference(batch, targets, width, feature, dtype, index_dtype,
+                                          seed):
+    """The host operators' selection path (nonzero + one indexed write) against the
+    references, on unique valid indices, garbage in padding slots, every dtype."""
+    generator = torch.Generator().manual_seed(seed)
+    indices, sizes = _unique_indices(batch, width, targets, generator, index_dtype)
+    values = make_tensor((batch, width, *feature), dtype, generator)
+    into = make_tensor((batch, targets, *feature), dtype, generator)
+    source = make_tensor((batch, targets + 1, *feature), dtype, generator)
+    source_indices = torch.randint(0, targets + 1, (batch, width), generator=generator)
+    source_indices = source_indices.to(index_dtype)
+    fill = True if dtype == torch.bool else 3
+    pairs = [
+        (cpu.indexing_write(values, indices, sizes, into, None),
+         operators._indexing_write_reference(values, indices, sizes, into)),
+        (cpu.inverse_indexing_access(values, indices, sizes, targets, fill, None),
+         operators._inverse_indexing_access_reference(values, indices, sizes, targets, fill)),
+        (cpu.index_mapping(source, source_indices, indices, sizes, into, None),
+         operators._index_mapping_reference(source, source_indices, indices, sizes, into)),
+        (cpu.indices_to_mask(indices, sizes, targets, None),
+         operators._indices_to_mask_reference(indices, sizes, targets)),
+    ]
+    mask = make_tensor((batch, targets), torch.bool, generator)
+    most = int(mask.sum(1).max()) if batch else 0
+    for count in {most, max(most - 1, 0)}:  # the largest count, and one that drops entries
+        pairs += zip(cpu.mask_to_indices(mask, count, None),
+                     operators._mask_to_indices_reference(mask, count))
+        pairs += zip(cpu.bool_compaction(into, mask, count, None),
+                     operators._bool_compaction_reference(into, mask, count))
+    for actual, expected in pairs:
+        _assert_same(actual, expected)
+
+
+def test_selection_path_leaves_autograd_to_the_reference():
+    data = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
+    into = torch.randn(2, 4, 2, dtype=torch.float64, requires_grad=True)
+    indices = torch.tensor([[3, 0, 7], [1, 2, 0]])
+    sizes = torch.tensor([2, 3])
+    assert torch.autograd.gradcheck(
+        lambda d, i: kernels.indexing_write(d, indices, sizes, i), (data, into))
+    assert torch.autograd.gradcheck(
+        lambda d: kernels.inverse_indexing_access(d, indices, sizes, 4), (data,))

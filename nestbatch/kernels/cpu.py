@@ -273,3 +273,111 @@ def indexing_access(
     torch.index_select(flat, 0, rows.view(-1), out=gathered)
     gathered.index_fill_(0, (~valid).view(-1).nonzero().squeeze(1), filler_value)
     return out
+
+
+# ------------------------------------------------------------------ small host index operators
+#: Host calls with at most this many index slots take the selection path: the valid slots are
+#: listed once (``nonzero``; on the host that reads no device) and written with one
+#: advanced-index assignment, 5-8 ops where the references' sync-free formulations (written for
+#: devices: dummy rows, ``where``, ``scatter``) take 9-14. At small sizes each op costs 2-4 us of
+#: host time, which is the whole cost of a call.
+SELECTION_SLOTS = 1 << 14
+
+
+def _selects(slots: int, *tensors: Tensor) -> bool:
+    """Whether the selection path may run: few slots, host tensors, nothing for autograd to
+    record (the references carry the operators' gradient conventions)."""
+    return (
+        slots <= SELECTION_SLOTS
+        and all(t.is_cpu for t in tensors)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    )
+
+
+def _valid_slots(sizes: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """``(sample, slot)`` of every valid index slot, samples in order."""
+    return sizes_mask(sizes, width).nonzero(as_tuple=True)
+
+
+def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor,
+                   reference) -> Tensor:
+    """``into`` with ``out[b, indices[b, j]] = to_write[b, j]`` for ``j < sizes[b]``
+    (``nestbatch::indexing_write`` on the CPU); ``reference`` where this path does not apply."""
+    if not _selects(indices.numel(), to_write, indices, into):
+        return reference(to_write, indices, sizes, into)
+    b, j = _valid_slots(sizes, indices.shape[1])
+    out = into.clone(memory_format=torch.contiguous_format)
+    out[b, indices[b, j]] = to_write[b, j]
+    return out
+
+
+def inverse_indexing_access(data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int,
+                            filler_value: Number, reference) -> Tensor:
+    """``(B, num_targets, *D)`` filler with ``out[b, indices[b, j]] = data[b, j]`` written in
+    (``nestbatch::inverse_indexing_access`` on the CPU)."""
+    if not _selects(indices.numel(), data, indices):
+        return reference(data, indices, sizes, num_targets, filler_value)
+    b, j = _valid_slots(sizes, indices.shape[1])
+    out = data.new_full((data.shape[0], num_targets, *data.shape[2:]), filler_value)
+    out[b, indices[b, j]] = data[b, j]
+    return out
+
+
+def index_mapping(source: Tensor, source_indices: Tensor, target_indices: Tensor,
+                  sizes: Tensor, target: Tensor, reference) -> Tensor:
+    """``target`` with ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``
+    (``nestbatch::index_mapping`` on the CPU)."""
+    if not _selects(source_indices.numel(), source, source_indices, target_indices, target):
+        return reference(source, source_indices, target_indices, sizes, target)
+    b, j = _valid_slots(sizes, source_indices.shape[1])
+    out = target.clone(memory_format=torch.contiguous_format)
+    out[b, target_indices[b, j]] = source[b, source_indices[b, j]]
+    return out
+
+
+def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int, reference) -> Tensor:
+    """Bool ``(B, num_targets)``, True at ``indices[b, j]`` for ``j < sizes[b]``
+    (``nestbatch::indices_to_mask`` on the CPU)."""
+    if not _selects(indices.numel(), indices):
+        return reference(indices, sizes, num_targets)
+    b, j = _valid_slots(sizes, indices.shape[1])
+    out = torch.zeros((indices.shape[0], num_targets), dtype=torch.bool)
+    out[b, indices[b, j]] = True
+    return out
+
+
+def _ranked_entries(mask: Tensor, counts: Tensor, max_count: int):
+    """``(sample, position, rank)`` of the True entries of a ``(B, N)`` mask whose rank in their
+    row is below ``max_count``."""
+    b, n = mask.nonzero(as_tuple=True)
+    first = torch.cumsum(counts, 0) - counts  # where each row's entries start in ``b``
+    rank = torch.arange(b.shape[0]) - first[b]
+    if b.shape[0] and max_count < int(counts.max()):
+        kept = rank < max_count
+        b, n, rank = b[kept], n[kept], rank[kept]
+    return b, n, rank
+
+
+def mask_to_indices(mask: Tensor, max_count: int, reference) -> tuple[Tensor, Tensor]:
+    """Positions of the True entries of each row, ``(B, max_count)`` int64 (padded slots 0),
+    and the counts (``nestbatch::mask_to_indices`` on the CPU)."""
+    if not _selects(mask.numel(), mask):
+        return reference(mask, max_count)
+    counts = mask.sum(dim=1, dtype=torch.int64)
+    b, n, rank = _ranked_entries(mask, counts, max_count)
+    out = torch.zeros((mask.shape[0], max_count), dtype=torch.int64)
+    out[b, rank] = n
+    return out, counts
+
+
+def bool_compaction(data: Tensor, mask: Tensor, max_count: int,
+                    reference) -> tuple[Tensor, Tensor]:
+    """The selected rows of ``(B, N, *D)`` packed to the front, ``(B, max_count, *D)`` (padded
+    slots 0), and the counts (``nestbatch::bool_compaction`` on the CPU)."""
+    if not _selects(mask.numel(), data, mask):
+        return reference(data, mask, max_count)
+    counts = mask.sum(dim=1, dtype=torch.int64)
+    b, n, rank = _ranked_entries(mask, counts, max_count)
+    out = data.new_zeros((data.shape[0], max_count, *data.shape[2:]))
+    out[b, rank] = data[b, n]
+    return out, counts

@@ -442,10 +442,12 @@ CPU_IMPLEMENTATIONS = {
     "padded_to_packed": partial(cpu.padded_to_packed, reference=_padded_to_packed_reference),
     "fill_padding": partial(cpu.fill_padding, reference=_fill_padding_reference),
     "indexing_access": partial(cpu.indexing_access, reference=_indexing_access_reference),
-    "indexing_write": _indexing_write_reference,
-    "inverse_indexing_access": _inverse_indexing_access_reference,
-    "index_mapping": _index_mapping_reference,
-    "mask_to_indices": _mask_to_indices_reference,
-    "indices_to_mask": _indices_to_mask_reference,
-    "bool_compaction": _bool_compaction_cpu,
+    "indexing_write": partial(cpu.indexing_write, reference=_indexing_write_reference),
+    "inverse_indexing_access": partial(
+        cpu.inverse_indexing_access, reference=_inverse_indexing_access_reference
+    ),
+    "index_mapping": partial(cpu.index_mapping, reference=_index_mapping_reference),
+    "mask_to_indices": partial(cpu.mask_to_indices, reference=_mask_to_indices_reference),
+    "indices_to_mask": partial(cpu.indices_to_mask, reference=_indices_to_mask_reference),
+    "bool_compaction": partial(cpu.bool_compaction, reference=_bool_compaction_cpu),
 }
