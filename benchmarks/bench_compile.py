@@ -4,7 +4,10 @@ Two blocks on a batch of sequences ``(B, (L_i), D)``: an MLP block (LayerNorm, L
 Linear, residual) and an encoder block (the MLP block after a self-attention sub-block through
 ``F.scaled_dot_product_attention`` on the batch). Each is timed eager and compiled
 (``fullgraph=True``; ``aot_eager`` and ``inductor``), forward only and forward + backward, in
-one run; the compile time of each compiled variant is printed once. Usage::
+one run; the compile time of each compiled variant is printed once. A second table runs the
+encoder block on a stream of batches whose lengths and batch size change on every call (as from
+a data loader), eager and compiled with ``dynamic=True``, and counts the graphs compiled (one:
+the sizes are symbolic). Usage::
 
     python benchmarks/bench_compile.py [--device cuda] [--quick]
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -103,6 +107,35 @@ def main() -> None:
         title=f"torch.compile on a NestedBatch, B={batch}, mean length {mean_len}, D={dim}, "
         f"{args.device}, torch {torch.__version__}",
     )
+    print_table(
+        ["variant", "batches", "total ms (first call excluded)", "graphs compiled"],
+        changing_sizes(EncoderBlock(dim, 4).to(args.device), batch, mean_len, dim, args.device,
+                       calls=4 if args.quick else 10),
+        title="encoder block fwd+bwd on batches of new sizes every call (B and lengths vary)",
+    )
+
+
+def changing_sizes(module: nn.Module, batch: int, mean_len: int, dim: int, device: str,
+                   calls: int) -> list[tuple]:
+    """Eager and ``dynamic=True`` compiled runs over the same stream of batches of changing
+    sizes: total time after the first call (which compiles) and the number of graphs."""
+    stream = [make_batch(batch + i % 5, mean_len, dim, device) for i in range(calls + 1)]
+    sync = (lambda: torch.cuda.synchronize()) if sync_for(device) else (lambda: None)
+    rows = []
+    for variant in ("eager", "aot_eager", "inductor"):
+        torch._dynamo.reset()
+        counters.clear()
+        fn = module if variant == "eager" else torch.compile(
+            module, fullgraph=True, backend=variant, dynamic=True)
+        step(module, fn, stream[0], backward=True)()
+        sync()
+        began = time.perf_counter()
+        for x in stream[1:]:
+            step(module, fn, x, backward=True)()
+        sync()
+        graphs = "-" if variant == "eager" else counters["stats"]["unique_graphs"]
+        rows.append((variant, calls, (time.perf_counter() - began) * 1e3, graphs))
+    return rows
 
 
 if __name__ == "__main__":

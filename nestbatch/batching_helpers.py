@@ -317,8 +317,9 @@ def _read_range_check(
     checks: Sequence[_RangeCheck], stats: Tensor | list[int] | None,
     mismatch: _SizeMismatch | None = None,
 ) -> list[Tensor] | None:
-    """Read ``stats`` (one sync; host stats come read) and raise for mismatched sizes or an out-of-range valid slot;
-    the index tensors with negative indices resolved, or ``None`` when none was negative."""
+    """Read ``stats`` (one sync; host stats come read) and raise for mismatched sizes or an
+    out-of-range valid slot; the index tensors with negative indices resolved, or ``None``
+    when none was negative."""
     if stats is None:
         return None
     read = stats if isinstance(stats, list) else read_device_values(stats)

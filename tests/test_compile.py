@@ -237,7 +237,9 @@ def test_two_batches_of_one_structure_share_a_dynamic_graph():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["elementwise", "mean_method", "softmax", "prefix_slice", "to_padded"])
+@pytest.mark.parametrize(
+    "name", ["elementwise", "mean_method", "softmax", "prefix_slice", "to_padded"]
+)
 def test_dynamic_graphs_on_cuda(name):
     """The same on CUDA tensors (the operators' CUDA kernels inside the graph)."""
     fn, make = VOCABULARY[name]

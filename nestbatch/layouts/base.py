@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+
 import torch
 from torch import Tensor
 
