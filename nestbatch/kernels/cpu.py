@@ -346,38 +346,32 @@ def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int, reference)
     return out
 
 
-def _ranked_entries(mask: Tensor, counts: Tensor, max_count: int):
-    """``(sample, position, rank)`` of the True entries of a ``(B, N)`` mask whose rank in their
-    row is below ``max_count``."""
-    b, n = mask.nonzero(as_tuple=True)
-    first = torch.cumsum(counts, 0) - counts  # where each row's entries start in ``b``
-    rank = torch.arange(b.shape[0]) - first[b]
-    if b.shape[0] and max_count < int(counts.max()):
-        kept = rank < max_count
-        b, n, rank = b[kept], n[kept], rank[kept]
-    return b, n, rank
+def _true_positions(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(positions (B, max_count), padding (B, max_count), counts (B,))`` of a ``(B, N)``
+    mask with ``max_count <= N``: each row's True positions in increasing order (a stable
+    descending sort of the row puts them first), entries of rank ``>= max_count`` dropped;
+    ``padding`` marks the slots past a row's count (their positions are meaningless)."""
+    counts = mask.sum(dim=1, dtype=torch.int64)
+    positions = torch.argsort(mask, dim=1, descending=True, stable=True)[:, :max_count]
+    return positions, sizes_mask(counts, max_count, padding=True), counts
 
 
 def mask_to_indices(mask: Tensor, max_count: int, reference) -> tuple[Tensor, Tensor]:
     """Positions of the True entries of each row, ``(B, max_count)`` int64 (padded slots 0),
     and the counts (``nestbatch::mask_to_indices`` on the CPU)."""
-    if not _selects(mask.numel(), mask):
+    if max_count > mask.shape[1] or not _selects(mask.numel(), mask):
         return reference(mask, max_count)
-    counts = mask.sum(dim=1, dtype=torch.int64)
-    b, n, rank = _ranked_entries(mask, counts, max_count)
-    out = torch.zeros((mask.shape[0], max_count), dtype=torch.int64)
-    out[b, rank] = n
-    return out, counts
+    positions, padding, counts = _true_positions(mask, max_count)
+    return torch.where(padding, 0, positions), counts
 
 
 def bool_compaction(data: Tensor, mask: Tensor, max_count: int,
                     reference) -> tuple[Tensor, Tensor]:
     """The selected rows of ``(B, N, *D)`` packed to the front, ``(B, max_count, *D)`` (padded
     slots 0), and the counts (``nestbatch::bool_compaction`` on the CPU)."""
-    if not _selects(mask.numel(), data, mask):
+    if max_count > mask.shape[1] or not _selects(mask.numel(), data, mask):
         return reference(data, mask, max_count)
-    counts = mask.sum(dim=1, dtype=torch.int64)
-    b, n, rank = _ranked_entries(mask, counts, max_count)
-    out = data.new_zeros((data.shape[0], max_count, *data.shape[2:]))
-    out[b, rank] = data[b, n]
-    return out, counts
+    positions, padding, counts = _true_positions(mask, max_count)
+    rows = data[torch.arange(data.shape[0]).unsqueeze(1), positions]
+    trailing = (1,) * (data.dim() - 2)
+    return rows.masked_fill_(padding.view(*padding.shape, *trailing), 0), counts
