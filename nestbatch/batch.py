@@ -135,8 +135,10 @@ class NestedBatch(TensorMethods):
         values : Tensor
             ``(total, *feature)``, shared.
         lengths : sequence of int or Tensor
-            A Python sequence is kept on the host and checked there (no device work at all
-            until a conversion needs the offsets); a 1-d integer tensor stays where it is.
+            A Python sequence is kept on the host and checked there (no sync ever); its
+            offsets are copied to the device once, asynchronously, as the batch is built, so
+            that ``torch.compile`` reads the sizes as a tensor of dynamic length rather than
+            specializing on each length. A 1-d integer tensor stays where it is.
         max_len : int, optional
             The padded length: at least the longest sample (checked), and the width of
             :meth:`padded` (saves reading the largest device length later).
