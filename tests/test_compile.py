@@ -109,7 +109,7 @@ def _like(make, lengths, seed=0):
     return NestedBatch.from_lengths(values, lengths)
 
 
-def _graphs_for_other_sizes(fn, make, dynamic):
+def _graphs_for_other_sizes(fn, make, dynamic, device="cpu"):
     """Compile ``fn`` once, call it on every entry of :data:`OTHER_LENGTHS` (checking each
     result against eager) and return how many graphs dynamo made."""
     torch._dynamo.reset()
@@ -119,6 +119,7 @@ def _graphs_for_other_sizes(fn, make, dynamic):
         warnings.simplefilter("ignore")
         for i, lengths in enumerate(OTHER_LENGTHS):
             x = _like(make, lengths, seed=i)
+            x = NestedBatch.from_lengths(x.values.to(device), lengths)
             torch.testing.assert_close(_plain(compiled(x)), _plain(fn(x)), equal_nan=True)
     return counters["stats"]["unique_graphs"]
 
@@ -242,19 +243,8 @@ def test_two_batches_of_one_structure_share_a_dynamic_graph():
 )
 def test_dynamic_graphs_on_cuda(name):
     """The same on CUDA tensors (the operators' CUDA kernels inside the graph)."""
-    fn, make = VOCABULARY[name]
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for i, lengths in enumerate(OTHER_LENGTHS):
-            x = _like(make, lengths, seed=i)
-            x = NestedBatch.from_lengths(x.values.cuda(), lengths)
-            with torch.no_grad():
-                got, want = _plain(compiled(x)), _plain(fn(x))
-            torch.testing.assert_close(got, want, equal_nan=True)
-    assert counters["stats"]["unique_graphs"] == 1
+    with torch.no_grad():
+        assert _graphs_for_other_sizes(*VOCABULARY[name], dynamic=True, device="cuda") == 1
 
 
 @pytest.mark.slow
