@@ -100,7 +100,10 @@ class NestedRaggedBatch:
         return self._samples(index, index + 1).values
 
     def _samples(self, start: int, stop: int) -> NestedBatch | NestedRaggedBatch:
-        """Samples ``start:stop``: every level's splits cut to the rows they cover, rebased."""
+        """Samples ``start:stop``: every level's splits cut to the rows they cover, rebased.
+
+        Reads the first and last split of every level (a device sync on a GPU): they bound the
+        slice of the next level, which needs host ints."""
         splits = []
         for level in self.nested_row_splits:
             part = level[start : stop + 1]

@@ -1,4 +1,4 @@
-"""CPU implementations of the conversion and gather operators: one write per output element.
+"""CPU implementations of the operators: one write per output element, few ops per call.
 
 The pure-PyTorch references (:mod:`nestbatch.convert.packed_padded`,
 :mod:`nestbatch.batched_indexing`) are written for autograd and for every device: they gather
@@ -17,6 +17,9 @@ These paths are not differentiable (``out=`` ops are not), so a call that autogr
 runs the reference instead; so do inputs outside the operators' normal contract (decreasing
 offsets, samples longer than the padded length, packed offsets that do not start at 0), where the
 reference defines the behaviour.
+The index operators of the ``RaggedBatch`` helpers (writes, inverse access, index mapping,
+masks <-> indices, boolean compaction) take a selection path at small sizes: see
+:data:`SELECTION_SLOTS`.
 Everything here reads only host memory: no synchronization questions arise.
 """
 
@@ -31,7 +34,18 @@ from torch.types import Number
 from nestbatch.kernels.host_memory import empty_for_write
 from nestbatch.kernels.reference import sizes_mask
 
-__all__ = ["fill_padding", "indexing_access", "packed_to_padded", "padded_to_packed"]
+__all__ = [
+    "bool_compaction",
+    "fill_padding",
+    "index_mapping",
+    "indexing_access",
+    "indexing_write",
+    "indices_to_mask",
+    "inverse_indexing_access",
+    "mask_to_indices",
+    "packed_to_padded",
+    "padded_to_packed",
+]
 
 #: Padded outputs from this size on take the one-write path; smaller ones are built by the
 #: reference (``pad_sequence``'s C++ loop, or a gather), whose fixed costs are lower while the C

@@ -6,8 +6,9 @@ can verify its registrations.
 
 * The device-agnostic implementation (used on CUDA when the compiled extension is missing, and
   on the CPU) is the pure-PyTorch reference of :mod:`nestbatch.kernels.reference`. On the CPU
-  the conversions run :mod:`nestbatch.kernels.cpu` instead (same results, one write per
-  element, aten's jagged kernels for small outputs).
+  every operator runs :mod:`nestbatch.kernels.cpu` instead (same results: one write per
+  element and aten's jagged kernels for the conversions, a selection path for small index
+  operators), which calls the reference where its shortcuts do not apply.
 * The CUDA implementation calls the compiled kernels of ``csrc/`` (``torch.ops.nestbatch_cuda``)
   when :func:`nestbatch.kernels.extension.load_extension` succeeds, and the reference otherwise.
 * Output sizes that depend on data (the total of a batch, the largest count of a mask) are int
@@ -106,12 +107,9 @@ def _packed_to_padded_reference(
     return reference.packed_to_padded(values, offsets, max_len, padding_value).contiguous()
 
 
-def _packed_to_padded_cpu(
-    values: Tensor, offsets: Tensor, max_len: int, padding_value: Number
-) -> Tensor:
-    return cpu.packed_to_padded(
-        values, offsets, max_len, padding_value, reference=_packed_to_padded_reference
-    )
+# (The CPU implementations are partials, not wrapper functions: the same call without a Python
+# frame, which :func:`nestbatch.kernels.call` pays on every host call.)
+_packed_to_padded_cpu = partial(cpu.packed_to_padded, reference=_packed_to_padded_reference)
 
 
 packed_to_padded_op = _define(
@@ -146,8 +144,7 @@ def _padded_to_packed_reference(data: Tensor, offsets: Tensor, total: int) -> Te
     return reference.padded_to_packed(data, offsets, total).contiguous()
 
 
-def _padded_to_packed_cpu(data: Tensor, offsets: Tensor, total: int) -> Tensor:
-    return cpu.padded_to_packed(data, offsets, total, reference=_padded_to_packed_reference)
+_padded_to_packed_cpu = partial(cpu.padded_to_packed, reference=_padded_to_packed_reference)
 
 
 padded_to_packed_op = _define(
@@ -182,8 +179,7 @@ def _fill_padding_reference(data: Tensor, sizes: Tensor, value: Number) -> Tenso
     return reference.fill_padding(data, sizes, value).contiguous()
 
 
-def _fill_padding_cpu(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
-    return cpu.fill_padding(data, sizes, value, reference=_fill_padding_reference)
+_fill_padding_cpu = partial(cpu.fill_padding, reference=_fill_padding_reference)
 
 
 fill_padding_op = _define("fill_padding", _fill_padding_reference, _fill_padding_cpu)
@@ -214,12 +210,7 @@ def _indexing_access_reference(
     return reference.indexing_access(data, indices, sizes, filler_value).contiguous()
 
 
-def _indexing_access_cpu(
-    data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number
-) -> Tensor:
-    return cpu.indexing_access(
-        data, indices, sizes, filler_value, reference=_indexing_access_reference
-    )
+_indexing_access_cpu = partial(cpu.indexing_access, reference=_indexing_access_reference)
 
 
 indexing_access_op = _define("indexing_access", _indexing_access_reference, _indexing_access_cpu)
@@ -254,7 +245,8 @@ def _indexing_write_reference(
     return reference.indexing_write(to_write, indices, sizes, into).contiguous()
 
 
-indexing_write_op = _define("indexing_write", _indexing_write_reference)
+_indexing_write_cpu = partial(cpu.indexing_write, reference=_indexing_write_reference)
+indexing_write_op = _define("indexing_write", _indexing_write_reference, _indexing_write_cpu)
 
 
 @indexing_write_op.register_fake
@@ -293,7 +285,12 @@ def _inverse_indexing_access_reference(
     ).contiguous()
 
 
-inverse_indexing_access_op = _define("inverse_indexing_access", _inverse_indexing_access_reference)
+_inverse_indexing_access_cpu = partial(
+    cpu.inverse_indexing_access, reference=_inverse_indexing_access_reference
+)
+inverse_indexing_access_op = _define(
+    "inverse_indexing_access", _inverse_indexing_access_reference, _inverse_indexing_access_cpu
+)
 
 
 @inverse_indexing_access_op.register_fake
@@ -326,7 +323,8 @@ def _index_mapping_reference(
     ).contiguous()
 
 
-index_mapping_op = _define("index_mapping", _index_mapping_reference)
+_index_mapping_cpu = partial(cpu.index_mapping, reference=_index_mapping_reference)
+index_mapping_op = _define("index_mapping", _index_mapping_reference, _index_mapping_cpu)
 
 
 @index_mapping_op.register_fake
@@ -366,7 +364,8 @@ def _mask_to_indices_reference(mask: Tensor, max_count: int) -> tuple[Tensor, Te
     return reference.mask_to_indices(mask, max_count)
 
 
-mask_to_indices_op = _define("mask_to_indices", _mask_to_indices_reference)
+_mask_to_indices_cpu = partial(cpu.mask_to_indices, reference=_mask_to_indices_reference)
+mask_to_indices_op = _define("mask_to_indices", _mask_to_indices_reference, _mask_to_indices_cpu)
 
 
 @mask_to_indices_op.register_fake
@@ -384,7 +383,8 @@ def _indices_to_mask_reference(indices: Tensor, sizes: Tensor, num_targets: int)
     return reference.indices_to_mask(indices, sizes, num_targets).contiguous()
 
 
-indices_to_mask_op = _define("indices_to_mask", _indices_to_mask_reference)
+_indices_to_mask_cpu = partial(cpu.indices_to_mask, reference=_indices_to_mask_reference)
+indices_to_mask_op = _define("indices_to_mask", _indices_to_mask_reference, _indices_to_mask_cpu)
 
 
 @indices_to_mask_op.register_fake
@@ -399,11 +399,15 @@ def _bool_compaction_reference(data: Tensor, mask: Tensor, max_count: int) -> tu
     return reference.indexing_access(data, indices, counts, 0).contiguous(), counts
 
 
-def _bool_compaction_cpu(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+def _bool_compaction_by_gather(
+    data: Tensor, mask: Tensor, max_count: int
+) -> tuple[Tensor, Tensor]:
+    # Large host masks: the indices, then the CPU gather (its one-write path for large outputs).
     indices, counts = _mask_to_indices_reference(mask, max_count)
     return _indexing_access_cpu(data, indices, counts, 0), counts
 
 
+_bool_compaction_cpu = partial(cpu.bool_compaction, reference=_bool_compaction_by_gather)
 bool_compaction_op = _define("bool_compaction", _bool_compaction_reference, _bool_compaction_cpu)
 
 
@@ -435,19 +439,16 @@ bool_compaction_op.register_autograd(
 )
 
 
-# What every operator runs on the CPU, by name. (The wrappers above, as partials: the same
-# call without a Python frame, which :func:`nestbatch.kernels.call` pays on every host call.)
+# What every operator runs on the CPU, by name.
 CPU_IMPLEMENTATIONS = {
-    "packed_to_padded": partial(cpu.packed_to_padded, reference=_packed_to_padded_reference),
-    "padded_to_packed": partial(cpu.padded_to_packed, reference=_padded_to_packed_reference),
-    "fill_padding": partial(cpu.fill_padding, reference=_fill_padding_reference),
-    "indexing_access": partial(cpu.indexing_access, reference=_indexing_access_reference),
-    "indexing_write": partial(cpu.indexing_write, reference=_indexing_write_reference),
-    "inverse_indexing_access": partial(
-        cpu.inverse_indexing_access, reference=_inverse_indexing_access_reference
-    ),
-    "index_mapping": partial(cpu.index_mapping, reference=_index_mapping_reference),
-    "mask_to_indices": partial(cpu.mask_to_indices, reference=_mask_to_indices_reference),
-    "indices_to_mask": partial(cpu.indices_to_mask, reference=_indices_to_mask_reference),
-    "bool_compaction": partial(cpu.bool_compaction, reference=_bool_compaction_cpu),
+    "packed_to_padded": _packed_to_padded_cpu,
+    "padded_to_packed": _padded_to_packed_cpu,
+    "fill_padding": _fill_padding_cpu,
+    "indexing_access": _indexing_access_cpu,
+    "indexing_write": _indexing_write_cpu,
+    "inverse_indexing_access": _inverse_indexing_access_cpu,
+    "index_mapping": _index_mapping_cpu,
+    "mask_to_indices": _mask_to_indices_cpu,
+    "indices_to_mask": _indices_to_mask_cpu,
+    "bool_compaction": _bool_compaction_cpu,
 }
