@@ -76,6 +76,7 @@ def _collectives(rank: int, world: int, port: int) -> None:
         odd = nb.nested([torch.ones(2, 3 if rank == 0 else 2)])
         with pytest.raises(ValueError, match="feature"):
             nbd.all_gather(odd)
+        dist.barrier()  # no rank tears gloo down while another still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -112,6 +113,9 @@ def _ddp(rank: int, world: int, port: int, start: dict, out_path: str) -> None:
             optimizer.step()
         if rank == 0:
             torch.save(model.state_dict(), out_path)
+        # No rank tears gloo down while another still talks to it (a rank that left early
+        # made the other abort in teardown: "terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
