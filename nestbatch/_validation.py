@@ -7,13 +7,15 @@ device, which is why constructors take ``validate=False`` for trusted input.
 
 from __future__ import annotations
 
+import array
 import operator
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from nestbatch.kernels.arguments import check_count, check_filler
+from nestbatch.kernels.arguments import check_count, check_filler, making_fake_tensors
 from nestbatch.kernels.reference import sizes_mask
 
 # Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
@@ -78,10 +80,48 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
 
 def host_sizes(value: object, name: str) -> tuple[int, ...]:
     """:func:`host_ints`, all non-negative (``ValueError`` naming the first negative one)."""
+    return checked_host_sizes(value, name).sizes
+
+
+class HostSizes(NamedTuple):
+    """Non-negative host sizes and what checks of them need: their sum and largest entry, and
+    for many sizes the ``int64`` host tensor they were read into (reused for the offsets)."""
+
+    sizes: tuple[int, ...]
+    total: int
+    largest: int
+    as_tensor: Tensor | None
+
+
+#: From this many sizes on, their sum, extremes and offsets come from one host tensor (C
+#: speed: 4096 sizes cost about 90 us read into it instead of 220 us of Python builtins).
+MANY_SIZES = 64
+
+
+def checked_host_sizes(value: object, name: str) -> HostSizes:
+    """:func:`host_sizes` with their sum and largest entry, read once.
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is not a sequence of integers.
+    ValueError
+        If a size is negative, or too large for int64.
+    """
     sizes = host_ints(value, name)
-    if sizes and min(sizes) < 0:
-        raise ValueError(f"{name} must be non-negative, got {min(sizes)} in {list(sizes)}")
-    return sizes
+    if len(sizes) < MANY_SIZES or making_fake_tensors():
+        smallest, largest = (min(sizes), max(sizes)) if sizes else (0, 0)
+        tensor, total = None, sum(sizes)
+    else:
+        try:
+            tensor = torch.frombuffer(array.array("q", sizes), dtype=torch.int64)
+        except OverflowError:
+            raise ValueError(f"{name} must fit in int64, got {max(sizes)}") from None
+        low, high = torch.aminmax(tensor)
+        smallest, largest, total = int(low), int(high), int(tensor.sum())
+    if smallest < 0:
+        raise ValueError(f"{name} must be non-negative, got {smallest} in {list(sizes)}")
+    return HostSizes(sizes, total, largest, tensor)
 
 
 def read_device_values(values: Tensor) -> list:

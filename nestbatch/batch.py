@@ -15,6 +15,7 @@ from torch import Tensor
 
 from nestbatch import convert
 from nestbatch._validation import (
+    HostSizes,
     as_index_tensor,
     as_offsets,
     check_count,
@@ -22,8 +23,8 @@ from nestbatch._validation import (
     check_offsets_on_device,
     check_prefix_mask,
     check_tensor,
+    checked_host_sizes,
     host_ints,
-    host_sizes,
     read_device_values,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
@@ -157,11 +158,11 @@ class NestedBatch(TensorMethods):
             raise ValueError("values must have at least one dim (total, *feature), got a scalar")
         max_len = None if max_len is None else check_count(max_len, "max_len")
         if not isinstance(lengths, Tensor):
-            host = host_sizes(lengths, "lengths")
-            longest = _check_host_lengths(host, values.shape[0], max_len)
-            width = longest if max_len is None else max_len
+            host = checked_host_sizes(lengths, "lengths")
+            _check_host_total(host, values.shape[0], max_len)
             partition = RowPartition.from_host_lengths(
-                host, values.device, max_len=width, total=values.shape[0], traceable=True
+                host.sizes, values.device, max_len=host.largest if max_len is None else max_len,
+                total=host.total, traceable=True, as_tensor=host.as_tensor,
             )
             return cls.trusted(Packed.trusted(values, partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
@@ -326,7 +327,7 @@ class NestedBatch(TensorMethods):
             else:
                 lengths = check_prefix_mask(mask) if validate else mask.sum(1)
         elif lengths is not None and not isinstance(lengths, Tensor):
-            host = host_sizes(lengths, "lengths")
+            host = checked_host_sizes(lengths, "lengths")
             padded = _padded_with_host_lengths(data, host, padding_value)
             if padding_side != "right":
                 check_padding_side(padding_side, 1)
@@ -999,37 +1000,36 @@ class NestedBatch(TensorMethods):
 
 
 def _padded_with_host_lengths(
-    data: Tensor, host: tuple[int, ...], padding_value: float | None
+    data: Tensor, host: HostSizes, padding_value: float | None
 ) -> Padded:
     # Lengths known on the host are checked on the host: no device sync now or later.
-    if data.dim() < 2 or len(host) != data.shape[0]:
+    if data.dim() < 2 or len(host.sizes) != data.shape[0]:
         raise ValueError(
-            f"lengths has {len(host)} entries but data has shape {tuple(data.shape)} "
+            f"lengths has {len(host.sizes)} entries but data has shape {tuple(data.shape)} "
             "(expected (B, max_len, *feature) with B == len(lengths))"
         )
-    if host and max(host) > data.shape[1]:
+    if host.largest > data.shape[1]:
         raise ValueError(
-            f"lengths do not fit the padded data: largest length {max(host)} exceeds its "
+            f"lengths do not fit the padded data: largest length {host.largest} exceeds its "
             f"max_len {data.shape[1]}"
         )
     partition = RowPartition.from_host_lengths(
-        host, data.device, max_len=max(host, default=0), total=sum(host), traceable=True
+        host.sizes, data.device, max_len=host.largest, total=host.total, traceable=True,
+        as_tensor=host.as_tensor,
     )
     return Padded.trusted(data, partition, padding_value)
 
 
-def _check_host_lengths(host: tuple[int, ...], num_rows: int, max_len: int | None) -> int:
-    """Check host lengths against the values' rows and ``max_len``; returns the longest."""
-    total = sum(host)
+def _check_host_total(host: HostSizes, num_rows: int, max_len: int | None) -> None:
+    """Check host lengths against the values' rows and ``max_len``."""
+    total, longest = host.total, host.largest
     if total != num_rows:
         raise ValueError(f"lengths add up to {total} but values has {num_rows} rows")
-    longest = max(host, default=0)
     if max_len is not None and longest > max_len:
         raise ValueError(
             f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
             "layout would lose data; give the true maximum or leave max_len out"
         )
-    return longest
 
 
 def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -> None:
@@ -1043,9 +1043,7 @@ def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -
     if smallest < 0:
         # The error path reads the lengths themselves, to show them.
         raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
-    _check_host_lengths((total,), num_rows, None)
-    if max_len is not None and longest > max_len:
-        _check_host_lengths((longest,), longest, max_len)
+    _check_host_total(HostSizes((), total, longest, None), num_rows, max_len)
 
 
 # ================================================================ internal API for the ops

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import pytest
@@ -249,3 +250,27 @@ def test_padded_of_batch_matches_reference(case):
                                 dtype=batch.dtype)
     assert torch.equal(batch.padded().data, expected)
     assert torch.equal(NestedBatch(batch.packed()).padded().data, expected)
+
+
+@pytest.mark.parametrize("count", [3, 200])  # below and above MANY_SIZES (read into C)
+def test_many_host_lengths_are_checked_like_few(count):
+    lengths = [i % 5 for i in range(count)]
+    values = torch.randn(sum(lengths), 2)
+    batch = NestedBatch.from_lengths(values, lengths)
+    assert batch.lengths.tolist() == lengths
+    assert batch.partition.max_shape == (max(lengths),)
+    assert batch.offsets.tolist() == [0, *itertools.accumulate(lengths)]
+    padded = NestedBatch.from_padded(batch.to_padded_tensor(), lengths)
+    assert torch.equal(padded.packed().values, values)
+    with pytest.raises(ValueError, match="non-negative"):
+        NestedBatch.from_lengths(values, [-1] + lengths[1:])
+    with pytest.raises(ValueError, match="add up to"):
+        NestedBatch.from_lengths(values, [1] + lengths[1:])
+    with pytest.raises(ValueError, match="max_len"):
+        NestedBatch.from_lengths(values, lengths, max_len=max(lengths) - 1)
+    with pytest.raises(TypeError, match="bool"):
+        NestedBatch.from_lengths(values, [True] + lengths[1:])
+    with pytest.raises(ValueError, match="int64|non-negative|add up"):
+        NestedBatch.from_lengths(values, [2**70] + lengths[1:])
+    with pytest.raises(ValueError, match="do not fit"):
+        NestedBatch.from_padded(torch.zeros(count, max(lengths) - 1, 1), lengths)

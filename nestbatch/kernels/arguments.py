@@ -74,3 +74,11 @@ def check_count(value: object, name: str) -> int:
     if count < 0:
         raise ValueError(f"{name} must be non-negative, got {count}")
     return count
+
+
+def making_fake_tensors() -> bool:
+    """Whether fake tensors are being made (``torch.compile``, FakeTensorMode): host tensors
+    then cannot be computed with (ops on them are refused or traced), only made by factories."""
+    if torch.compiler.is_compiling():
+        return True  # first: dynamo cannot trace the dispatch-mode query below
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from nestbatch.kernels.arguments import making_fake_tensors
 from nestbatch.kernels.reference import sizes_mask
 from nestbatch.layouts.memo import memoized
 
@@ -81,6 +82,7 @@ class RowPartition:
         # A flag, not a test of ``self._lengths_on_host``: under torch.compile a
         # membership test realizes the whole ``__dict__`` and guards on its tuples' lengths.
         self._lengths_on_host = False
+        self._host_lengths_tensor: Tensor | None = None  # the host lengths read into C, if so
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -106,6 +108,7 @@ class RowPartition:
         max_len: int | None = None,
         total: int | None = None,
         traceable: bool = False,
+        as_tensor: Tensor | None = None,
     ) -> RowPartition:
         """Partition of a batch with one ragged dim whose lengths (Python ints) are known on the
         host; ``max_len``, when given, must be at least the largest, and ``total`` their sum.
@@ -117,7 +120,8 @@ class RowPartition:
         host-to-device copy) instead: a function that ``torch.compile`` traces then reads the
         sizes from the offsets tensor, whose length is a dynamic size, and from two ints,
         never from the tuple of lengths, whose length and entries it would specialize on (one
-        graph per batch size).
+        graph per batch size). ``as_tensor``: the lengths already read into an int64 host
+        tensor, when a caller has one (the offsets are summed from it).
         """
         partition = cls(None, host_shapes=(), device=device)
         partition._host_shapes = None  # derived from the lengths when asked for
@@ -127,6 +131,8 @@ class RowPartition:
         partition._max_shape = None if max_len is None else (max_len,)
         if total is not None:
             partition.__dict__["total"] = total
+        if as_tensor is not None:
+            partition._host_lengths_tensor = as_tensor
         if traceable:
             partition.__dict__["offsets"] = partition._host_offsets(torch.int64)
         return partition
@@ -203,7 +209,7 @@ class RowPartition:
         few values, 80 us instead of 600 for 4096), except while tracing with fake tensors,
         which need a factory op.
         """
-        if _tracing() or not values:
+        if making_fake_tensors() or not values:
             # Made on the host and copied (not ``torch.tensor(..., device=)``, whose copy on a
             # CUDA build of torch runs below the dispatcher, hidden from tracing modes).
             return torch.tensor(values, dtype=dtype).to(self._device)
@@ -329,11 +335,13 @@ class RowPartition:
         """The offsets from the host lengths, on the device: one host-to-device copy. Many
         lengths are summed by torch on the host (C speed) rather than by Python."""
         lengths = self.host_lengths
-        if len(lengths) <= _FEW_SIZES or _tracing():
+        if len(lengths) <= _FEW_SIZES or making_fake_tensors():
             return self._host_tensor(self.host_offsets, dtype)
+        read = self._host_lengths_tensor
+        if read is None:
+            read = torch.frombuffer(array.array("q", lengths), dtype=torch.int64)
         host = torch.zeros(len(lengths) + 1, dtype=dtype)
-        torch.cumsum(torch.frombuffer(array.array("q", lengths), dtype=torch.int64), 0,
-                     dtype=dtype, out=host[1:])
+        torch.cumsum(read, 0, dtype=dtype, out=host[1:])
         return self._to_device(host)
 
     @memoized
@@ -437,6 +445,7 @@ class RowPartition:
             "_batch_size": self._batch_size,
             "_num_ragged_dims": self._num_ragged_dims,
             "_lengths_on_host": False,  # the host sizes travel as ``_host_shapes``
+            "_host_lengths_tensor": None,
             **({"offsets": self.__dict__["offsets"]} if self._shapes is None
                and not known else {}),
         }
@@ -456,8 +465,3 @@ def _size(value: object) -> int | torch.SymInt:
     return value if isinstance(value, torch.SymInt) else int(value)
 
 
-def _tracing() -> bool:
-    """Whether fake tensors are being made (``torch.compile``, FakeTensorMode)."""
-    if torch.compiler.is_compiling():
-        return True  # first: dynamo cannot trace the dispatch-mode query below
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
