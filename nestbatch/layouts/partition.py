@@ -83,6 +83,7 @@ class RowPartition:
         # membership test realizes the whole ``__dict__`` and guards on its tuples' lengths.
         self._lengths_on_host = False
         self._host_lengths_tensor: Tensor | None = None  # the host lengths read into C, if so
+        self._has_empty: bool | None = None  # see host_has_empty
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -295,10 +296,13 @@ class RowPartition:
     def host_has_empty(self) -> bool | None:
         """Whether some sample has no element, when known on the host (None otherwise; and
         while ``torch.compile`` traces, which would specialize its graph on every length).
-        Not memoized (a membership test at C speed): a cached value would be guarded on."""
+        Cached in a private attribute that traced code never reads (a memoized value in the
+        instance dict would be guarded on)."""
         if not self.knows_host_shapes or torch.compiler.is_compiling():
             return None
-        return 0 in self.host_lengths
+        if self._has_empty is None:
+            self._has_empty = 0 in self.host_lengths
+        return self._has_empty
 
     # -------------------------------------------------------------------- derived, on the device
     # Each is computed once, with as few device ops as the known sizes allow: host sizes are
@@ -446,6 +450,7 @@ class RowPartition:
             "_num_ragged_dims": self._num_ragged_dims,
             "_lengths_on_host": False,  # the host sizes travel as ``_host_shapes``
             "_host_lengths_tensor": None,
+            "_has_empty": None,
             **({"offsets": self.__dict__["offsets"]} if self._shapes is None
                and not known else {}),
         }
