@@ -7,7 +7,8 @@ Linear, residual) and an encoder block (the MLP block after a self-attention sub
 one run; the compile time of each compiled variant is printed once. A second table runs the
 encoder block on a stream of batches whose lengths and batch size change on every call (as from
 a data loader), eager and compiled with ``dynamic=True``, and counts the graphs compiled (one:
-the sizes are symbolic). Usage::
+the sizes are symbolic; inductor's CPU code generator may guard on a reduction longer than 4096
+rows, one recompile whose time the total then includes). Usage::
 
     python benchmarks/bench_compile.py [--device cuda] [--quick]
 """
