@@ -62,22 +62,15 @@ class RaggedLayout:
         """``(B + 1,)`` int64: start of every sample in the packed rows, then the total."""
         return self.partition.offsets
 
-    @property
-    def feature_shape(self) -> torch.Size:
-        """Shape of the regular dims after the ragged ones."""
-        raise NotImplementedError(f"{type(self).__name__} must define feature_shape")
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """Element dtype."""
-        raise NotImplementedError(f"{type(self).__name__} must define dtype")
-
-    @property
-    def recorded_by_autograd(self) -> bool:
-        """Whether a stored tensor is the output of an op autograd recorded (has a
-        ``grad_fn``): such a layout is not cached on its batch (see
-        :meth:`nestbatch.NestedBatch._keep`)."""
-        raise NotImplementedError(f"{type(self).__name__} must define recorded_by_autograd")
+    # Defined by every layout (declared here, not stubbed: a plain base class has no abstract
+    # methods to enforce them).
+    #: Shape of the regular dims after the ragged ones.
+    feature_shape: torch.Size
+    #: Element dtype.
+    dtype: torch.dtype
+    #: Whether a stored tensor is the output of an op autograd recorded (has a ``grad_fn``): such
+    #: a layout is not cached on its batch (see :meth:`nestbatch.NestedBatch._keep`).
+    recorded_by_autograd: bool
 
     @property
     def device(self) -> torch.device:
