@@ -188,26 +188,16 @@ def packed_to_padded(
         Sharing ``packed``'s partition.
     """
     partition = packed.partition
-    if max_shape is None and partition.num_ragged_dims == 1:
-        # The common case, straight to the operator (each Python layer costs host time).
-        data = kernels.call(
-            "packed_to_padded", packed.values, partition.offsets, partition.max_shape[0],
-            padding_value,
-        )
-    else:
-        shape = resolve_padded_shape(partition, max_shape)
-        data = packed_values_to_padded(packed.values, partition, shape, padding_value)
+    # The batch's own maximum needs no resolving (the common case: fewer Python layers).
+    shape = partition.max_shape if max_shape is None else resolve_padded_shape(partition, max_shape)
+    data = packed_values_to_padded(packed.values, partition, shape, padding_value)
     return Padded.trusted(data, partition, padding_value)
 
 
 def padded_to_packed(padded: Padded) -> Packed:
     """Convert a :class:`Padded` batch to a :class:`Packed` one (sharing its partition)."""
-    partition = padded.partition
-    if partition.num_ragged_dims == 1:
-        values = kernels.call("padded_to_packed", padded.data, partition.offsets, partition.total)
-    else:
-        values = reference_padded_data_to_packed(padded.data, partition)
-    return Packed.trusted(values, partition)
+    values = padded_data_to_packed(padded.data, padded.partition)
+    return Packed.trusted(values, padded.partition)
 
 
 def refill_padding(padded: Padded, padding_value: float) -> Padded:
