@@ -159,7 +159,7 @@ class NestedBatch(TensorMethods):
         max_len = None if max_len is None else check_count(max_len, "max_len")
         if not isinstance(lengths, Tensor):
             host = checked_host_sizes(lengths, "lengths")
-            _check_host_total(host, values.shape[0], max_len)
+            _check_total(host.total, host.largest, values.shape[0], max_len)
             partition = RowPartition.from_host_lengths(
                 host.sizes, values.device, max_len=host.largest if max_len is None else max_len,
                 total=host.total, traceable=True, as_tensor=host.as_tensor,
@@ -1020,9 +1020,8 @@ def _padded_with_host_lengths(
     return Padded.trusted(data, partition, padding_value)
 
 
-def _check_host_total(host: HostSizes, num_rows: int, max_len: int | None) -> None:
-    """Check host lengths against the values' rows and ``max_len``."""
-    total, longest = host.total, host.largest
+def _check_total(total: int, longest: int, num_rows: int, max_len: int | None) -> None:
+    """Check the lengths' sum and largest entry against the values' rows and ``max_len``."""
     if total != num_rows:
         raise ValueError(f"lengths add up to {total} but values has {num_rows} rows")
     if max_len is not None and longest > max_len:
@@ -1043,7 +1042,7 @@ def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -
     if smallest < 0:
         # The error path reads the lengths themselves, to show them.
         raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
-    _check_host_total(HostSizes((), total, longest, None), num_rows, max_len)
+    _check_total(total, longest, num_rows, max_len)
 
 
 # ================================================================ internal API for the ops
