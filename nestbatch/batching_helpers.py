@@ -38,7 +38,7 @@ from . import kernels
 from ._validation import normalize_empty_samples, read_device_values
 from .errors import reference_compatible
 from .kernels.reference import sizes_mask
-from .ragged_batch import RaggedBatch, from_canonical, to_canonical
+from .ragged_batch import RaggedBatch, from_canonical, to_canonical, with_data_of_sizes
 
 __all__ = [
     "RaggedBatch",
@@ -171,7 +171,7 @@ def _wrap_like(
     """Restore the layout of ``operand.original`` (tensor or RaggedBatch with its sizes)."""
     tensor = from_canonical(canonical, batch_shape, operand.dim)
     if isinstance(operand.original, RaggedBatch):
-        return operand.original.create_with_sample_sizes_like_self(tensor)
+        return with_data_of_sizes(operand.original, tensor)
     return tensor
 
 
@@ -232,11 +232,13 @@ def _call_checked(
     """``kernels.call(name, *args_for(indices))`` with the index tensors of ``checks``
     range-checked and negative indices resolved.
 
-    With ``check_bounds``: one ``aminmax`` per index tensor (over every slot, padding included)
-    into one small tensor, then the operator, then one read of those few numbers (a sync). When
-    the compiled CUDA kernels run, the operator is launched before the read, because they never
-    read or write out of bounds whatever the indices: the one sync then waits for the check and
-    the operator together. (Elsewhere the read comes first.)
+    With ``check_bounds``, host calls whose operator checks its own indices
+    (:func:`nestbatch.kernels.call_validating`, every bound an int) run it first and check
+    only if it raises. Otherwise: one ``aminmax`` per index tensor (over every slot, padding
+    included) into one small tensor, then the operator, then one read of those few numbers (a
+    sync). When the compiled CUDA kernels run, the operator is launched before the read,
+    because they never read or write out of bounds whatever the indices: the one sync then
+    waits for the check and the operator together. (Elsewhere the read comes first.)
     When every slot is in ``[0, bound)`` (the common case) that result is returned. Otherwise
     the valid slots alone are checked (more reads; padding slots may hold anything), raising
     ``IndexError`` for the first bad one, and an operator call with the negative indices
@@ -257,12 +259,27 @@ def _call_checked(
         resolved = [torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices)
                     for c in checks]
         return kernels.call(name, *args_for(resolved))
-    stats = _range_stats(checks, None if mismatch is None else mismatch.differs)
     args = args_for(indices)
+    failure = None
+    if all(type(c.bound) is int for c in checks):
+        # Where the operator checks every index it reads or writes, and reads a negative one
+        # from the end of the dim or raises, the full check below runs only when it raises.
+        try:
+            out = kernels.call_validating(name, *args)
+        except (IndexError, RuntimeError) as error:
+            failure = error
+        else:
+            if out is not None:
+                if mismatch is not None:
+                    mismatch.check(int(mismatch.differs.sum()))  # host memory: free to read
+                return out
+    stats = _range_stats(checks, None if mismatch is None else mismatch.differs)
     if not kernels.runs_compiled(args):
         # The PyTorch implementations may raise (or assert on a GPU) for a bad index: check
         # first. On the CPU the read costs no sync.
         resolved = _read_range_check(checks, stats, mismatch)
+        if resolved is None and failure is not None:
+            raise failure  # not an index out of range
         return kernels.call(name, *(args if resolved is None else args_for(resolved)))
     out = kernels.call(name, *args)
     resolved = _read_range_check(checks, stats, mismatch)
@@ -548,7 +565,7 @@ def batched_indexing_access(
         lambda idx: (data.canonical, idx[0], sizes, filler_value),
     )
     tensor = from_canonical(out, indices.batch_shape, data.dim)
-    return indices.create_with_sample_sizes_like_self(tensor, non_uniform_dim=data.dim)
+    return with_data_of_sizes(indices, tensor, non_uniform_dim=data.dim)
 
 
 def _check_write_width(name: str, operand: _Operand, width: int) -> None:

@@ -49,6 +49,26 @@ def from_canonical(tensor: Tensor, batch_shape: Sequence[int], dim: int) -> Tens
     return unflat.transpose(len(batch_shape), dim)
 
 
+def with_data_of_sizes(like: RaggedBatch, tensor: Tensor,
+                       non_uniform_dim: int | None = None) -> RaggedBatch:
+    """``like.create_with_sample_sizes_like_self(tensor, non_uniform_dim)`` without its checks
+    (and without the error conversion of the public methods): for nestbatch's own callers, whose
+    ``tensor`` has ``like``'s batch shape, device and non-uniform size by construction."""
+    nud = like._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
+    return _assemble(type(like), tensor, like._layout, nud, like._num_batch_dims)
+
+
+def _assemble(cls: type[RaggedBatch], tensor: Tensor, layout: _SampleLayout,
+              non_uniform_dim: int, num_batch_dims: int) -> RaggedBatch:
+    """An instance of ``cls`` from its four fields, unchecked."""
+    obj = cls.__new__(cls)
+    obj._tensor = tensor
+    obj._layout = layout
+    obj._non_uniform_dim = non_uniform_dim
+    obj._num_batch_dims = num_batch_dims
+    return obj
+
+
 class _SampleLayout:
     """Mask and sample sizes of a batch, shared by instances with the same samples.
 
@@ -246,12 +266,7 @@ class RaggedBatch:
     def _from_layout(
         cls, tensor: Tensor, layout: _SampleLayout, non_uniform_dim: int, num_batch_dims: int
     ) -> RaggedBatch:
-        obj = cls.__new__(cls)
-        obj._tensor = tensor
-        obj._layout = layout
-        obj._non_uniform_dim = non_uniform_dim
-        obj._num_batch_dims = num_batch_dims
-        return obj
+        return _assemble(cls, tensor, layout, non_uniform_dim, num_batch_dims)
 
     def _derived(self, tensor: Tensor, non_uniform_dim: int | None = None) -> RaggedBatch:
         """Same samples, new data tensor; the layout is shared."""

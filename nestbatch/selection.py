@@ -30,8 +30,13 @@ from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 from nestbatch.ops.registry import register
 
 
+def _getitem_now(func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
+    # Every index runs the same code whatever the layouts: no layout to choose.
+    return getitem(args[0], args[1])
+
+
 @register(torch.Tensor.__getitem__, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
-          moved_ragged=True)
+          moved_ragged=True, fast=_getitem_now)
 def _getitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
     return getitem(args[0], args[1])
 
@@ -42,6 +47,9 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
             and index[0] == _ALL and batch.ragged_dim == 1 and batch.num_ragged_dims == 1):
         # x[:, a:b], the most common form: straight to the slice.
         return slice_ragged(batch, (index[1],)) if index[1] != _ALL else batch
+    if type(index) is Tensor and index.dim() == 1 and batch.ragged_dim == 1:
+        # x[index_tensor], the other common form: the selected samples.
+        return select_samples(batch, *batch_index_tensor(index, batch.batch_size))
     index = _expand_ellipsis(index if isinstance(index, tuple) else (index,), batch.dim())
     head, rest = index[0], index[1:]
     if _is_integer(head):
@@ -50,7 +58,7 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     if batch.ragged_dim != 1:
         return _getitem_moved(batch, head, rest)
     if not (isinstance(head, slice) and head == slice(None)):
-        batch = select_samples(batch, batch_index_tensor(head, batch.batch_size))
+        batch = select_samples(batch, *batch_index_tensor(head, batch.batch_size))
     k = batch.num_ragged_dims
     ragged, features = rest[:k], rest[k:]
     for d, entry in enumerate(ragged, start=1):
@@ -113,8 +121,9 @@ def _expand_ellipsis(index: tuple, ndim: int) -> tuple:
     return index[:at] + fill + index[at + 1 :]
 
 
-def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
-    """Normalize a batch selector to a 1-d int64 tensor of in-range sample indices.
+def batch_index_tensor(index: Any, batch_size: int) -> tuple[Tensor, list[int] | None]:
+    """Normalize a batch selector to a 1-d int64 tensor of in-range sample indices, with the
+    same indices as a Python list when they are read on the host anyway (else ``None``).
 
     Accepts slices, sequences of ints or bools, and int or bool tensors. Host selectors are
     checked on the host. A bool tensor on a device is read once (its count sizes the result),
@@ -126,12 +135,13 @@ def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
         If an index is out of range or a bool mask has the wrong length.
     """
     if isinstance(index, slice):
-        return torch.arange(batch_size)[index]
+        return torch.arange(batch_size)[index], None
     if type(index) in (list, tuple) and all(type(i) is int for i in index):
         bad = [i for i in index if not -batch_size <= i < batch_size]
         if bad:
             raise IndexError(f"batch index {bad[0]} is out of range for batch size {batch_size}")
-        return _host_index([i % batch_size for i in index] if index else [])
+        host = [i % batch_size for i in index]
+        return _host_index(host if index else []), host
     if not isinstance(index, Tensor):
         index = _host_index(index)
     if index.dtype == torch.bool:
@@ -139,25 +149,27 @@ def batch_index_tensor(index: Any, batch_size: int) -> Tensor:
             raise IndexError(
                 f"a bool batch index must have shape ({batch_size},), got {tuple(index.shape)}"
             )
-        return index.nonzero().flatten()
+        return index.nonzero().flatten(), None
     if index.is_floating_point() or index.is_complex():
         raise TypeError(f"batch index must be integer or bool, got {index.dtype}")
-    index = index.reshape(-1)
+    if index.dim() != 1:
+        index = index.reshape(-1)
     if index.is_cpu:
         host = index.tolist()
         if host and not (-batch_size <= min(host) and max(host) < batch_size):
             bad = next(i for i in host if not -batch_size <= i < batch_size)
             raise IndexError(f"batch index {bad} is out of range for batch size {batch_size}")
         if host and min(host) < 0:
-            return torch.tensor([i % batch_size for i in host], dtype=torch.int64)
-        return index.to(torch.int64)
+            host = [i % batch_size for i in host]
+            return torch.tensor(host, dtype=torch.int64), host
+        return (index if index.dtype == torch.int64 else index.long()), host
     if index.numel() == 0:
-        return index
+        return index, None
     smallest, largest = read_device_values(torch.stack(torch.aminmax(index)))
     if smallest < -batch_size or largest >= batch_size:
         bad = smallest if smallest < -batch_size else largest
         raise IndexError(f"batch index {bad} is out of range for batch size {batch_size}")
-    return index.remainder(batch_size) if smallest < 0 else index
+    return (index.remainder(batch_size) if smallest < 0 else index), None
 
 
 def _host_index(index: Any) -> Tensor:
@@ -178,20 +190,24 @@ def _host_index(index: Any) -> Tensor:
     return tensor
 
 
-def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
-    """A batch of the samples ``index`` (1-d int64, in range), in that order.
+def select_samples(batch: NestedBatch, index: Tensor,
+                   host_index: list[int] | None = None) -> NestedBatch:
+    """A batch of the samples ``index`` (1-d int64, in range), in that order; ``host_index``:
+    the same indices as a list, when the caller has them.
 
     Uses the cheapest materialized layout: list entries, padded rows, or a gather of packed
     rows. With a host index and host sizes, the rows to gather are computed on the host and the
     device sees one copy of them and one ``index_select``.
     """
-    partition = batch.partition.select(index)
+    if host_index is None and index.is_cpu:
+        host_index = index.tolist()  # a host tensor: no sync
+    partition = batch.partition.select(index, host_index)
     listed = cached_layout(batch, Layout.LIST)
-    if listed is not None and index.device.type == "cpu":
+    if listed is not None and host_index is not None:
         tensors = listed.tensors
         return NestedBatch(
             TensorList(
-                [tensors[i] for i in index.tolist()],
+                [tensors[i] for i in host_index],
                 batch.num_ragged_dims,
                 feature_shape=batch.feature_shape,
                 dtype=batch.dtype,
@@ -203,13 +219,15 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
     if padded is None and not partition.knows_host_shapes:
         padded = batch.padded(None)  # a device index: gather whole padded rows, no size read
     if padded is not None:
-        data = padded.data.index_select(0, index.to(padded.data.device))
+        data = padded.data
+        data = data.index_select(0, index if index.device == data.device else index.to(
+            data.device))
         return NestedBatch.trusted(Padded.trusted(data, partition.to(data.device),
                                                   padded.padding_value))
-    old = batch.partition
     # Host shapes carried over: ``index`` is a host tensor, so reading it is no sync.
-    starts = [old.host_offsets[i] for i in index.tolist()]
-    rows = host_row_index(starts, partition.host_lengths)
+    offsets = batch.partition.host_offsets
+    ranges = [range(offsets[i], offsets[i + 1]) for i in host_index]
+    rows = host_row_index(ranges, partition.host_lengths)
     values = gather_rows(batch.packed().values, rows)
     return NestedBatch.trusted(Packed.trusted(values, partition))
 
@@ -219,17 +237,16 @@ def select_samples(batch: NestedBatch, index: Tensor) -> NestedBatch:
 _LISTED_ROWS = 512
 
 
-def host_row_index(starts: list[int], lengths: tuple[int, ...] | list[int],
-                   step: int = 1) -> Tensor:
-    """``(sum(lengths),)`` int64 on the host: ``starts[b] + j * step`` for ``j < lengths[b]``,
-    samples back to back (no per-row Python work)."""
+def host_row_index(ranges: list[range], lengths: list[int]) -> Tensor:
+    """``(sum(lengths),)`` int64 on the host: the rows of ``ranges`` (one per sample, all with
+    the same step; ``lengths`` their lengths), back to back, with no per-row Python work."""
     total = sum(lengths)
     if total <= _LISTED_ROWS:
-        ranges = (range(s, s + n * step, step) for s, n in zip(starts, lengths))
         return torch.tensor(list(itertools.chain.from_iterable(ranges)), dtype=torch.int64)
+    step = ranges[0].step
     counts = torch.tensor(lengths, dtype=torch.int64)
     first = [0, *itertools.accumulate(lengths)][:-1]
-    shift = torch.tensor([s - f * step for s, f in zip(starts, first)], dtype=torch.int64)
+    shift = torch.tensor([r.start - f * step for r, f in zip(ranges, first)], dtype=torch.int64)
     rows = torch.arange(0, total * step, step, dtype=torch.int64) if step != 1 else \
         torch.arange(total, dtype=torch.int64)
     return rows.add_(shift.repeat_interleave(counts, output_size=total))
@@ -238,7 +255,7 @@ def host_row_index(starts: list[int], lengths: tuple[int, ...] | list[int],
 def gather_rows(values: Tensor, rows: Tensor) -> Tensor:
     """``values[rows]`` for a host row index: one host-to-device copy of the index (when the
     values live on a device) and one ``index_select``."""
-    if values.device.type != "cpu":
+    if not values.is_cpu:
         rows = torch.ops.aten._to_copy.default(rows, device=values.device)
     return values.index_select(0, rows)
 
@@ -287,38 +304,48 @@ def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
     step = 1 if s.step is None else _slice_bound(s.step, "step")
     if step <= 0:
         raise ValueError(f"slice step on ragged dim 1 must be positive, got {step}")
-    padded = cached_layout(batch, Layout.PADDED)
-    if not partition.knows_host_shapes or (
-        torch.compiler.is_compiling() and _is_prefix_slice((s,))
-    ):
-        # A prefix of device-known sizes: the padding kernel cuts every sample at the stop.
-        # (Also while torch.compile traces, whatever the host knows: the sizes stay tensors and
-        # the width one int, so the graph does not specialize on every length.)
-        stop = partition.max_shape[0] if s.stop is None and partition._max_shape else s.stop
-        width = _slice_bound(stop, "stop")
-        if partition._max_shape is not None:
-            width = min(width, partition._max_shape[0])  # no wider than the longest sample
-        lengths = partition.lengths.clamp(max=width)
-        new = RowPartition.from_lengths(lengths, max_len=width)
+    prefix = _is_prefix(s)
+    if not partition.knows_host_shapes or (prefix and torch.compiler.is_compiling()):
+        return _slice_prefix_on_device(batch, s)
+    if prefix:
+        padded = cached_layout(batch, Layout.PADDED)
         if padded is not None:
-            return _narrow_padded(padded, new, (slice(None, width),))
-        data = batch.padded(0.0, max_shape=None).data if s.stop is None else \
-            _pad_to_width(batch, width)
-        return Padded(data, partition=new, padding_value=0.0)
-    if padded is not None and _is_prefix_slice((s,)) and s.stop is not None:
-        # x[:, :k] of a cached padded layout: new lengths on the host, a view of the data.
-        stop = s.stop
-        lengths = [n if n < stop else stop for n in partition.host_lengths]
-        return _narrow_padded(padded, RowPartition.from_host_lengths(lengths, partition.device),
-                              (s,))
-    bounds = [s.indices(n) for n in partition.host_lengths]
-    lengths = [len(range(*b)) for b in bounds]
+            # x[:, :k] of a cached padded layout: new lengths on the host, a view of the data.
+            stop = s.stop
+            lengths = list(partition.host_lengths) if stop is None else \
+                [n if n < stop else stop for n in partition.host_lengths]
+            new = RowPartition.from_host_lengths(lengths, partition.device)
+            return _narrow_padded(padded, new, (s,))
+    # Each sample's rows, sliced as Python slices a range (clipped, negative bounds from the
+    # sample's end): the slicing is done in C, one range per sample.
+    offsets = partition.host_offsets
+    ranges = [range(offsets[b], offsets[b + 1])[s] for b in range(partition.batch_size)]
+    lengths = [len(r) for r in ranges]
     new = RowPartition.from_host_lengths(lengths, partition.device)
-    if padded is not None and _is_prefix_slice((s,)):
-        return _narrow_padded(padded, new, (s,))
-    starts = [o + b[0] for o, b in zip(partition.host_offsets, bounds)]
-    rows = host_row_index(starts, lengths, step)
-    return Packed.trusted(gather_rows(batch.packed().values, rows), new)
+    return Packed.trusted(gather_rows(batch.packed().values, host_row_index(ranges, lengths)),
+                          new)
+
+
+def _slice_prefix_on_device(batch: NestedBatch, s: slice) -> Padded:
+    """``x[:, :k]`` of a batch whose sizes are on the device (or traced): the padding kernel
+    cuts every sample at the stop, and the result is padded.
+
+    (Also while torch.compile traces, whatever the host knows: the sizes stay tensors and the
+    width one int, so the graph does not specialize on every length.)
+    """
+    partition = batch.partition
+    padded = cached_layout(batch, Layout.PADDED)
+    stop = partition.max_shape[0] if s.stop is None and partition._max_shape else s.stop
+    width = _slice_bound(stop, "stop")
+    if partition._max_shape is not None:
+        width = min(width, partition._max_shape[0])  # no wider than the longest sample
+    lengths = partition.lengths.clamp(max=width)
+    new = RowPartition.from_lengths(lengths, max_len=width)
+    if padded is not None:
+        return _narrow_padded(padded, new, (slice(None, width),))
+    data = batch.padded(0.0, max_shape=None).data if s.stop is None else \
+        _pad_to_width(batch, width)
+    return Padded(data, partition=new, padding_value=0.0)
 
 
 def _pad_to_width(batch: NestedBatch, width: int) -> Tensor:
@@ -361,11 +388,14 @@ def _resolve_bound(bound: int | None, size: Tensor, default: int | None) -> Tens
 
 
 def _is_prefix_slice(slices: tuple[slice, ...]) -> bool:
-    return all(
-        (s.start is None or (isinstance(s.start, int) and s.start == 0)) and s.step in (None, 1)
-        and (s.stop is None or s.stop >= 0)
-        for s in slices
-    )
+    return all(_is_prefix(s) for s in slices)
+
+
+def _is_prefix(s: slice) -> bool:
+    """Whether ``s`` keeps the first elements of every sample (``:k`` or ``:``)."""
+    start, stop = s.start, s.stop
+    return (start is None or (isinstance(start, int) and start == 0)) and s.step in (None, 1) \
+        and (stop is None or stop >= 0)
 
 
 def _narrow_padded(padded: Padded, partition: RowPartition, slices: tuple[slice, ...]) -> Padded:

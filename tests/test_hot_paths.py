@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import nestbatch as nb
-from nestbatch import NestedBatch, RaggedBatch, _validation
+from nestbatch import NestedBatch, RaggedBatch, _validation, kernels
 from nestbatch.kernels import reference
 from nestbatch.layouts import RowPartition
 from nestbatch.ops import reductions
@@ -233,6 +234,77 @@ def test_check_bounds_off_gives_the_same_result_for_in_range_indices(helper):
         "mask": lambda cb: nb.get_mask_from_indices(5, indices, check_bounds=cb),
     }
     assert torch.equal(calls[helper](True), calls[helper](False))
+
+
+class _AtenOps(TorchDispatchMode):
+    """The names of the aten ops a call dispatches (host tensors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _helper_calls(data, indices, into, values, check_bounds=True):
+    checked = {"check_bounds": check_bounds}
+    return {
+        "access": lambda: nb.batched_indexing_access(data, indices, **checked).tensor,
+        "write": lambda: nb.batched_indexing_write(values, indices, into, **checked),
+        "inverse": lambda: nb.batched_inverse_indexing_access(values, indices, 5, **checked),
+        "mapping": lambda: nb.batched_index_mapping(data, indices, indices, into, **checked),
+        "mask": lambda: nb.get_mask_from_indices(5, indices, **checked),
+    }
+
+
+@pytest.mark.parametrize("helper", ["access", "write", "inverse", "mapping", "mask"])
+def test_host_helpers_let_the_operator_check_the_indices(helper):
+    """On the host the selection paths check the indices they touch: no ``aminmax`` and no
+    read before the operator; out-of-range and negative indices behave as with the read."""
+    gen = torch.Generator().manual_seed(2)
+    data, into = torch.randn(3, 5, 2, generator=gen), torch.randn(3, 5, 2, generator=gen)
+    values = torch.randn(3, 3, 2, generator=gen)
+    indices = _indices([[4, 0, 2], [1, 3, 9], [2, 2, 2]], [3, 2, 0])
+    call = _helper_calls(data, indices, into, values)[helper]
+    with _AtenOps() as seen:
+        out = call()
+    assert not {"aminmax", "_local_scalar_dense", "min", "max"} & set(seen.names), seen.names
+    assert torch.equal(out, _helper_calls(data, indices, into, values, False)[helper]())
+    negative = _indices([[-1, 0, 2], [1, -2, 9], [2, 2, 2]], [3, 2, 0])
+    resolved = _indices([[4, 0, 2], [1, 3, 9], [2, 2, 2]], [3, 2, 0])
+    got = _helper_calls(data, negative, into, values)[helper]()
+    assert torch.equal(got, _helper_calls(data, resolved, into, values)[helper]())
+    for bad in (5, -6):
+        wrong = _indices([[4, 0, 2], [1, bad, 9], [2, 2, 2]], [3, 2, 0])
+        with pytest.raises(IndexError, match=f"index {bad} .*sample 1, slot 1"):
+            _helper_calls(data, wrong, into, values)[helper]()
+
+
+def test_an_operator_error_that_is_not_an_index_error_is_raised_as_is(monkeypatch):
+    def failing(name, *args):
+        raise RuntimeError("not about indices")
+
+    monkeypatch.setattr(kernels, "call_validating", failing)
+    data = torch.zeros(2, 4)
+    with pytest.raises(RuntimeError, match="not about indices"):
+        nb.batched_indexing_access(data, _indices([[0, 1], [2, 0]], [2, 1]))
+
+
+@pytest.mark.parametrize("helper", ["indices", "compaction"])
+def test_host_mask_helpers_count_the_mask_once(helper):
+    mask = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
+    data = torch.arange(9.0).view(3, 3)
+    call = {"indices": lambda: nb.get_indices_from_mask(mask),
+            "compaction": lambda: nb.batched_bool_indexing(data, mask)}[helper]
+    with _AtenOps() as seen:
+        out = call()
+    assert seen.names.count("sum") == 1, seen.names
+    assert out.sample_sizes.tolist() == [2, 0, 3]
+    expected = [[0, 2, 0], [0, 0, 0], [0, 1, 2]] if helper == "indices" else \
+        [[0.0, 2.0, 0.0], [0.0, 0.0, 0.0], [6.0, 7.0, 8.0]]
+    assert out.tensor.tolist() == expected
 
 
 # ------------------------------------------------------------------------ references

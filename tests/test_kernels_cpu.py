@@ -355,6 +355,8 @@ def test_selection_path_matches_reference(batch, targets, width, feature, dtype,
     source_indices = source_indices.to(index_dtype)
     fill = True if dtype == torch.bool else 3
     pairs = [
+        (cpu.indexing_access(source, source_indices, sizes, fill, None),
+         operators._indexing_access_reference(source, source_indices, sizes, fill)),
         (cpu.indexing_write(values, indices, sizes, into, None),
          operators._indexing_write_reference(values, indices, sizes, into)),
         (cpu.inverse_indexing_access(values, indices, sizes, targets, fill, None),
@@ -366,8 +368,11 @@ def test_selection_path_matches_reference(batch, targets, width, feature, dtype,
     ]
     mask = make_tensor((batch, targets), torch.bool, generator)
     most = int(mask.sum(1).max()) if batch else 0
+    counts = cpu.row_counts(mask)
     for count in {most, max(most - 1, 0)}:  # the largest count, and one that drops entries
         pairs += zip(cpu.mask_to_indices(mask, count, None),
+                     operators._mask_to_indices_reference(mask, count))
+        pairs += zip(cpu.mask_to_indices(mask, count, None, counts=counts),
                      operators._mask_to_indices_reference(mask, count))
         pairs += zip(cpu.bool_compaction(into, mask, count, None),
                      operators._bool_compaction_reference(into, mask, count))
@@ -384,3 +389,35 @@ def test_selection_path_leaves_autograd_to_the_reference():
         lambda d, i: kernels.indexing_write(d, indices, sizes, i), (data, into))
     assert torch.autograd.gradcheck(
         lambda d: kernels.inverse_indexing_access(d, indices, sizes, 4), (data,))
+
+
+@pytest.mark.parametrize("bad", [5, -6])
+def test_selection_paths_check_every_index_they_touch(bad):
+    """:func:`cpu.call_validating` runs a selection path only: each raises for a valid slot out
+    of range (and reads a negative one from the end of the dim, or raises), whatever the
+    padding slots hold; elsewhere it computes nothing."""
+    data = torch.arange(2 * 5 * 2.0).view(2, 5, 2)
+    sizes = torch.tensor([2, 1])
+    good = torch.tensor([[4, -1, 10**6], [0, -(10**6), 7]])
+    bad_slot = torch.tensor([[4, bad, 10**6], [0, -(10**6), 7]])
+    calls = {
+        "indexing_access": lambda i: (data, i, sizes, 0.0),
+        "indexing_write": lambda i: (data[:, :3], i, sizes, data),
+        "inverse_indexing_access": lambda i: (data[:, :3], i, sizes, 5, 0.0),
+        "index_mapping": lambda i: (data, i, i, sizes, data),
+        "indices_to_mask": lambda i: (i, sizes, 5),
+    }
+    for name, args_for in calls.items():
+        expected = getattr(operators, f"_{name}_reference")(*args_for(good.remainder(5)))
+        try:
+            got = cpu.call_validating(name, args_for(good))
+        except RuntimeError:  # a negative index may raise instead
+            assert name == "indexing_access"
+        else:
+            assert torch.equal(got, expected), name
+        with pytest.raises((IndexError, RuntimeError)):
+            cpu.call_validating(name, args_for(bad_slot))
+    assert cpu.call_validating("packed_to_padded", (data, sizes, 3, 0.0)) is None
+    with torch.enable_grad():  # autograd records the call: the reference's job
+        grad_data = data.clone().requires_grad_()
+        assert cpu.call_validating("indexing_access", (grad_data, good, sizes, 0.0)) is None

@@ -43,6 +43,7 @@ __all__ = [
     "packed_to_padded",
     "padded_to_packed",
     "runs_compiled",
+    "call_validating",
 ]
 
 _ops = torch.ops.nestbatch
@@ -59,15 +60,32 @@ def call(name: str, *args: object) -> object:
     custom-op dispatch (about 50 us a call).
     """
     first = args[0]
+    if _runs_on_host(first):
+        return _CPU[name](*args)
     if isinstance(first, FakeTensor) or torch.compiler.is_compiling():
         return getattr(_ops, name)(*args)
-    if first.is_cpu:
-        return _CPU[name](*args)
     if first.is_cuda and not _autograd_records(args):
         kernel = _compiled_kernel(name, args)
         if kernel is not None:
             return kernel(*args)
     return getattr(_ops, name)(*args)
+
+
+def _runs_on_host(first: Tensor) -> bool:
+    """Whether :func:`call` runs the CPU implementation directly (host tensors, eager)."""
+    return first.is_cpu and not isinstance(first, FakeTensor) and not torch.compiler.is_compiling()
+
+
+def call_validating(name: str, *args: object) -> Tensor | None:
+    """:func:`call` of operator ``name`` on ``args`` when that call checks the indices itself,
+    else ``None`` (nothing computed).
+
+    Such a call raises (``IndexError`` or ``RuntimeError``) for every valid slot outside
+    ``[-n, n)`` (``n`` the size of the dim the slot indexes) and counts a negative slot from
+    the end of that dim or raises for it too. So far: host calls that take the CPU selection
+    path (:func:`nestbatch.kernels.cpu.call_validating`).
+    """
+    return _cpu.call_validating(name, args) if _runs_on_host(args[0]) else None
 
 
 def runs_compiled(args: tuple) -> bool:
@@ -208,6 +226,11 @@ def _max_count(mask: Tensor, max_count: int | None) -> int:
         return 0
     # The output width is data dependent: one read of the device.
     return int(mask.sum(dim=1).amax().cpu())
+
+
+def _largest(counts: Tensor) -> int:
+    """The largest of host ``counts`` (0 for none)."""
+    return int(counts.max()) if counts.shape[0] else 0
 
 
 def _mask(mask: object, rows: int | None = None, width: int | None = None) -> Tensor:
@@ -522,6 +545,10 @@ def mask_to_indices(mask: Tensor, *, max_count: int | None = None) -> tuple[Tens
         ``(B,)`` int64, the number of ``True`` entries per row.
     """
     mask = _mask(mask)
+    if max_count is None and _runs_on_host(mask):
+        # The counts size the output: summed once, then handed to the operator.
+        counts = _cpu.row_counts(mask)
+        return _CPU["mask_to_indices"](mask, _largest(counts), counts=counts)
     return _run("mask_to_indices", mask, _max_count(mask, max_count))
 
 
@@ -578,4 +605,7 @@ def bool_compaction(
     data = _batched("data", _tensor("data", data))
     mask = _mask(mask, data.shape[0], data.shape[1])
     _same_device(data, mask=mask)
+    if max_count is None and _runs_on_host(data):
+        counts = _cpu.row_counts(mask)
+        return _CPU["bool_compaction"](data, mask, _largest(counts), counts=counts)
     return _run("bool_compaction", data, mask, _max_count(mask, max_count))

@@ -45,6 +45,8 @@ __all__ = [
     "mask_to_indices",
     "packed_to_padded",
     "padded_to_packed",
+    "row_counts",
+    "call_validating",
 ]
 
 #: Padded outputs from this size on take the one-write path; smaller ones are built by the
@@ -272,6 +274,8 @@ def indexing_access(
     """Per-sample gather ``(B, N, *D)`` -> ``(B, M, *D)``, filler for slots ``j >= sizes[b]``
     (``nestbatch::indexing_access`` on the CPU). ``reference`` computes the same thing where
     this path does not apply; indices of valid slots must be in range (the caller checks)."""
+    if _access_selects(data, indices):
+        return _select_access(data, indices, sizes, filler_value)
     batch, width = indices.shape
     shape = (batch, width, *data.shape[2:])
     large = math.prod(shape) * data.element_size() >= LARGE_OUTPUT_BYTES
@@ -294,7 +298,9 @@ def indexing_access(
 #: listed once (``nonzero``; on the host that reads no device) and written with one
 #: advanced-index assignment, 5-8 ops where the references' sync-free formulations (written for
 #: devices: dummy rows, ``where``, ``scatter``) take 9-14. At small sizes each op costs 2-4 us of
-#: host time, which is the whole cost of a call.
+#: host time, which is the whole cost of a call. A selection path reads and writes only the
+#: valid slots, through ``gather`` or advanced indexing, which check every index in C++: see
+#: :func:`call_validating`.
 SELECTION_SLOTS = 1 << 14
 
 
@@ -308,84 +314,160 @@ def _selects(slots: int, *tensors: Tensor) -> bool:
     )
 
 
+def _access_selects(data: Tensor, indices: Tensor) -> bool:
+    output_bytes = indices.numel() * math.prod(data.shape[2:]) * data.element_size()
+    return (data.shape[1] > 0 and output_bytes < LARGE_OUTPUT_BYTES
+            and _selects(indices.numel(), data, indices))
+
+
 def _valid_slots(sizes: Tensor, width: int) -> tuple[Tensor, Tensor]:
     """``(sample, slot)`` of every valid index slot, samples in order."""
     return sizes_mask(sizes, width).nonzero(as_tuple=True)
 
 
-def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor,
-                   reference) -> Tensor:
-    """``into`` with ``out[b, indices[b, j]] = to_write[b, j]`` for ``j < sizes[b]``
-    (``nestbatch::indexing_write`` on the CPU); ``reference`` where this path does not apply."""
-    if not _selects(indices.numel(), to_write, indices, into):
-        return reference(to_write, indices, sizes, into)
+def _select_access(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number) -> Tensor:
+    # Padded slots may hold any index: read row 0 for them, then overwrite them. ``gather``
+    # raises for a valid index outside ``[0, N)``.
+    batch, width = indices.shape
+    padding = sizes_mask(sizes, width, padding=True)
+    safe = indices.masked_fill(padding, 0)
+    safe = safe if safe.dtype == torch.int64 else safe.long()
+    trailing = (1,) * (data.dim() - 2)
+    rows = torch.gather(data, 1, safe.view(batch, width, *trailing).expand(
+        -1, -1, *data.shape[2:]))
+    return rows.masked_fill_(padding.view(batch, width, *trailing), filler_value)
+
+
+def _select_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
     b, j = _valid_slots(sizes, indices.shape[1])
     out = into.clone(memory_format=torch.contiguous_format)
     out[b, indices[b, j]] = to_write[b, j]
     return out
 
 
-def inverse_indexing_access(data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int,
-                            filler_value: Number, reference) -> Tensor:
-    """``(B, num_targets, *D)`` filler with ``out[b, indices[b, j]] = data[b, j]`` written in
-    (``nestbatch::inverse_indexing_access`` on the CPU)."""
-    if not _selects(indices.numel(), data, indices):
-        return reference(data, indices, sizes, num_targets, filler_value)
+def _select_inverse(data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int,
+                    filler_value: Number) -> Tensor:
     b, j = _valid_slots(sizes, indices.shape[1])
     out = data.new_full((data.shape[0], num_targets, *data.shape[2:]), filler_value)
     out[b, indices[b, j]] = data[b, j]
     return out
 
 
-def index_mapping(source: Tensor, source_indices: Tensor, target_indices: Tensor,
-                  sizes: Tensor, target: Tensor, reference) -> Tensor:
-    """``target`` with ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``
-    (``nestbatch::index_mapping`` on the CPU)."""
-    if not _selects(source_indices.numel(), source, source_indices, target_indices, target):
-        return reference(source, source_indices, target_indices, sizes, target)
+def _select_mapping(source: Tensor, source_indices: Tensor, target_indices: Tensor,
+                    sizes: Tensor, target: Tensor) -> Tensor:
     b, j = _valid_slots(sizes, source_indices.shape[1])
     out = target.clone(memory_format=torch.contiguous_format)
     out[b, target_indices[b, j]] = source[b, source_indices[b, j]]
     return out
 
 
-def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int, reference) -> Tensor:
-    """Bool ``(B, num_targets)``, True at ``indices[b, j]`` for ``j < sizes[b]``
-    (``nestbatch::indices_to_mask`` on the CPU)."""
-    if not _selects(indices.numel(), indices):
-        return reference(indices, sizes, num_targets)
+def _select_to_mask(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
     b, j = _valid_slots(sizes, indices.shape[1])
     out = torch.zeros((indices.shape[0], num_targets), dtype=torch.bool)
     out[b, indices[b, j]] = True
     return out
 
 
-def _true_positions(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(positions (B, max_count), padding (B, max_count), counts (B,))`` of a ``(B, N)``
-    mask with ``max_count <= N``: each row's True positions in increasing order (a stable
-    descending sort of the row puts them first), entries of rank ``>= max_count`` dropped;
-    ``padding`` marks the slots past a row's count (their positions are meaningless)."""
-    counts = mask.sum(dim=1, dtype=torch.int64)
-    positions = torch.argsort(mask, dim=1, descending=True, stable=True)[:, :max_count]
-    return positions, sizes_mask(counts, max_count, padding=True), counts
+#: Operator name -> (whether its selection path runs on the arguments, the path itself).
+_SELECTION_PATHS = {
+    "indexing_access": (lambda data, indices, *_: _access_selects(data, indices),
+                        _select_access),
+    "indexing_write": (lambda to_write, indices, sizes, into: _selects(
+        indices.numel(), to_write, indices, into), _select_write),
+    "inverse_indexing_access": (lambda data, indices, *_: _selects(
+        indices.numel(), data, indices), _select_inverse),
+    "index_mapping": (lambda source, source_indices, target_indices, sizes, target: _selects(
+        source_indices.numel(), source, source_indices, target_indices, target),
+        _select_mapping),
+    "indices_to_mask": (lambda indices, *_: _selects(indices.numel(), indices),
+                        _select_to_mask),
+}
 
 
-def mask_to_indices(mask: Tensor, max_count: int, reference) -> tuple[Tensor, Tensor]:
+def call_validating(name: str, args: tuple) -> Tensor | None:
+    """Operator ``name`` on host tensors ``args`` when its selection path runs on them, else
+    ``None`` (nothing computed).
+
+    A selection path checks the indices itself: it raises (``IndexError`` or
+    ``RuntimeError``) for every valid slot outside ``[-n, n)``, ``n`` the size of the dim the
+    slot indexes, and counts a negative slot from the end of that dim or raises for it too.
+    A caller that would otherwise read the smallest and largest index first (2-3 ops per index
+    tensor) can run it and check only when it raises.
+    """
+    path = _SELECTION_PATHS.get(name)
+    if path is None or not path[0](*args):
+        return None
+    return path[1](*args)
+
+
+def _selected_or(name: str, reference, *args: object) -> Tensor:
+    """The selection path of operator ``name`` where it runs on ``args``, else ``reference``."""
+    selects, selection = _SELECTION_PATHS[name]
+    return selection(*args) if selects(*args) else reference(*args)
+
+
+def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor,
+                   reference) -> Tensor:
+    """``into`` with ``out[b, indices[b, j]] = to_write[b, j]`` for ``j < sizes[b]``
+    (``nestbatch::indexing_write`` on the CPU); ``reference`` where this path does not apply."""
+    return _selected_or("indexing_write", reference, to_write, indices, sizes, into)
+
+
+def inverse_indexing_access(data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int,
+                            filler_value: Number, reference) -> Tensor:
+    """``(B, num_targets, *D)`` filler with ``out[b, indices[b, j]] = data[b, j]`` written in
+    (``nestbatch::inverse_indexing_access`` on the CPU)."""
+    return _selected_or("inverse_indexing_access", reference, data, indices, sizes, num_targets,
+                        filler_value)
+
+
+def index_mapping(source: Tensor, source_indices: Tensor, target_indices: Tensor,
+                  sizes: Tensor, target: Tensor, reference) -> Tensor:
+    """``target`` with ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``
+    (``nestbatch::index_mapping`` on the CPU)."""
+    return _selected_or("index_mapping", reference, source, source_indices, target_indices,
+                        sizes, target)
+
+
+def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int, reference) -> Tensor:
+    """Bool ``(B, num_targets)``, True at ``indices[b, j]`` for ``j < sizes[b]``
+    (``nestbatch::indices_to_mask`` on the CPU)."""
+    return _selected_or("indices_to_mask", reference, indices, sizes, num_targets)
+
+
+def row_counts(mask: Tensor) -> Tensor:
+    """``(B,)`` int64: the number of True entries in each row of a ``(B, N)`` mask."""
+    return mask.sum(dim=1, dtype=torch.int64)
+
+
+def _true_positions(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+    """``(positions (B, max_count), kept (B, max_count))`` of a ``(B, N)`` mask with
+    ``max_count <= N``: each row's True positions in increasing order (a stable descending sort
+    of the row puts them first), entries of rank ``>= max_count`` dropped; ``kept`` (the sorted
+    row) marks the slots below the row's count (the positions past it are meaningless)."""
+    kept, positions = torch.sort(mask, dim=1, descending=True, stable=True)
+    return positions[:, :max_count], kept[:, :max_count]
+
+
+def mask_to_indices(mask: Tensor, max_count: int, reference,
+                    counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Positions of the True entries of each row, ``(B, max_count)`` int64 (padded slots 0),
-    and the counts (``nestbatch::mask_to_indices`` on the CPU)."""
+    and the counts (``nestbatch::mask_to_indices`` on the CPU). ``counts``: the
+    :func:`row_counts` of ``mask`` when the caller has them."""
     if max_count > mask.shape[1] or not _selects(mask.numel(), mask):
         return reference(mask, max_count)
-    positions, padding, counts = _true_positions(mask, max_count)
-    return torch.where(padding, 0, positions), counts
+    positions, kept = _true_positions(mask, max_count)
+    return positions * kept, row_counts(mask) if counts is None else counts
 
 
-def bool_compaction(data: Tensor, mask: Tensor, max_count: int,
-                    reference) -> tuple[Tensor, Tensor]:
+def bool_compaction(data: Tensor, mask: Tensor, max_count: int, reference,
+                    counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The selected rows of ``(B, N, *D)`` packed to the front, ``(B, max_count, *D)`` (padded
-    slots 0), and the counts (``nestbatch::bool_compaction`` on the CPU)."""
+    slots 0), and the counts (``nestbatch::bool_compaction`` on the CPU). ``counts``: the
+    :func:`row_counts` of ``mask`` when the caller has them."""
     if max_count > mask.shape[1] or not _selects(mask.numel(), data, mask):
         return reference(data, mask, max_count)
-    positions, padding, counts = _true_positions(mask, max_count)
+    positions, kept = _true_positions(mask, max_count)
     rows = data[torch.arange(data.shape[0]).unsqueeze(1), positions]
-    trailing = (1,) * (data.dim() - 2)
-    return rows.masked_fill_(padding.view(*padding.shape, *trailing), 0), counts
+    padding = ~kept.view(*kept.shape, *(1,) * (data.dim() - 2))
+    return rows.masked_fill_(padding, 0), row_counts(mask) if counts is None else counts

@@ -408,8 +408,10 @@ class RowPartition:
     # --------------------------------------------------------------------------------- transforms
     def to(self, device: torch.device | str) -> RowPartition:
         """The same partition with its tensors on ``device`` (host-side sizes are kept)."""
+        if device == self._device:  # the common case, without building a device object
+            return self
         device = torch.device(device)
-        if device == self.device:
+        if device == self._device:
             return self
         if self._host_shapes is None and self._lengths_on_host:
             moved = RowPartition.from_host_lengths(self.host_lengths, device)
@@ -423,19 +425,20 @@ class RowPartition:
             self.shape_per_sample.to(device), max_shape=self._max_shape
         )
 
-    def select(self, index: Tensor) -> RowPartition:
-        """Partition of the samples ``index`` (1-d int64, in range, on any device).
+    def select(self, index: Tensor, host_index: list[int] | None = None) -> RowPartition:
+        """Partition of the samples ``index`` (1-d int64, in range, on any device);
+        ``host_index``: the same indices as a list, when the caller has them.
 
         Host-side shapes carry over when ``index`` is a CPU tensor (no synchronization).
         """
-        if self.knows_host_shapes and index.device.type == "cpu":
-            if self.num_ragged_dims == 1:
+        if self.knows_host_shapes and (host_index is not None or index.is_cpu):
+            host_index = index.tolist() if host_index is None else host_index
+            if self._num_ragged_dims == 1:
                 lengths = self.host_lengths
-                return RowPartition.from_host_lengths(
-                    [lengths[i] for i in index.tolist()], self.device
-                )
-            host = tuple(self.host_shapes[i] for i in index.tolist())
-            return RowPartition.from_host_shapes(host, self.num_ragged_dims, self.device)
+                return RowPartition.from_host_lengths([lengths[i] for i in host_index],
+                                                      self._device)
+            host = tuple(self.host_shapes[i] for i in host_index)
+            return RowPartition.from_host_shapes(host, self._num_ragged_dims, self._device)
         return RowPartition(self.shape_per_sample[index.to(self.device)])
 
     def __getstate__(self) -> dict:
