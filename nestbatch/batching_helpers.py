@@ -17,9 +17,11 @@ Conventions
 * Negative indices count from the end of the indexed dim of the sample: from
   the sample's valid size when the indexed object is a :class:`RaggedBatch`
   indexed along its non-uniform dim, from the full dim size otherwise.
-* Valid indices are range-checked before any computation and raise
-  ``IndexError``. The check reads one flag per call on the host, i.e. it
-  synchronizes with the device.
+* Valid indices are range-checked and raise ``IndexError``. On a device the
+  check reads the smallest and largest index before the result is returned,
+  i.e. it synchronizes with the device. On the host, where the operator
+  indexes only the valid slots through torch's checked indexing, the operator
+  runs first and the check runs only when it raises.
 * Filler (padded) output slots hold the documented filler value (0 by
   default); their gradients are zero.
 """

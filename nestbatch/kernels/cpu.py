@@ -25,7 +25,10 @@ Everything here reads only host memory: no synchronization questions arise.
 
 from __future__ import annotations
 
+import array
+import itertools
 import math
+import operator
 
 import torch
 from torch import Tensor
@@ -79,6 +82,18 @@ _ATEN_JAGGED_DTYPES = frozenset({
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
 })
 
+
+#: Conversions moving at most this many rows list the flat position of every row in the
+#: ``(B, width)`` grid on the host (C-level iteration over ranges built from the host offsets,
+#: one ``frombuffer``) and move the rows with one ``index_select`` / ``index_copy_``: a few us,
+#: where aten's jagged kernels take about 15 us plus 2 us per sample. Measured on 2 cores,
+#: B samples of 1-8 rows of 16 floats, public calls: padded -> packed 1.1x faster at B=4, 1.5x
+#: at B=16, 1.7x at B=64; packed -> padded 1.3x faster at B=64, 1.2x at B=16, even at B=8 and
+#: 1.15x slower at B=4, so there aten's kernel keeps up to :data:`LISTED_FROM_SAMPLES` samples.
+LISTED_ROWS = 512
+
+#: packed -> padded lists its rows from this many samples on (see :data:`LISTED_ROWS`).
+LISTED_FROM_SAMPLES = 8
 
 _OFFSET_DTYPES = (torch.int64, torch.int32)
 _JAGGED_TO_PADDED = torch.ops.aten._jagged_to_padded_dense_forward.default
@@ -148,6 +163,23 @@ def _rows_outside(lengths: Tensor, width: int, total: int) -> Tensor:
     return _row_index(padding, batch_ends - padding, lengths.shape[0] * width - total)
 
 
+def _grid_rows(offsets: Tensor, width: int) -> tuple[Tensor, int, int] | None:
+    """``(rows, start, stop)`` for host ``offsets`` whose lengths all lie in ``[0, width]``:
+    the flat position ``b * width + j`` in a ``(B, width)`` grid of every packed row
+    ``offsets[b] + j``, samples back to back, and the first and last offset. ``None`` for other
+    offsets (the callers' references define what those give)."""
+    host = offsets.tolist()
+    lengths = list(map(operator.sub, host[1:], host[:-1]))
+    if lengths and not (0 <= min(lengths) and max(lengths) <= width):
+        return None
+    starts = list(map(operator.mul, range(len(lengths)), itertools.repeat(width)))
+    rows = list(itertools.chain.from_iterable(map(range, starts, map(operator.add, starts,
+                                                                     lengths))))
+    listed = torch.frombuffer(array.array("q", rows), dtype=torch.int64) if rows else \
+        torch.empty(0, dtype=torch.int64)
+    return listed, host[0], host[-1]
+
+
 def _use_blocks(total: int, batch: int) -> bool:
     return total >= BLOCK_ROWS * batch
 
@@ -184,6 +216,14 @@ def packed_to_padded(
     ``reference`` computes the same thing where this path does not apply.
     """
     batch = offsets.shape[0] - 1
+    if (out is None and batch >= LISTED_FROM_SAMPLES and values.shape[0] <= LISTED_ROWS
+            and _applies(values, offsets)):
+        listed = _grid_rows(offsets, max_len)
+        if listed is not None and 0 <= listed[1] <= listed[2] <= values.shape[0]:
+            rows, start, stop = listed
+            grid = values.new_full((batch * max_len, *values.shape[1:]), padding_value)
+            grid.index_copy_(0, rows, values[start:stop])
+            return grid.view(batch, max_len, *values.shape[1:])
     row_bytes = math.prod(values.shape[1:]) * values.element_size()
     large = batch * max_len * row_bytes >= LARGE_OUTPUT_BYTES
     if out is None and batch <= ATEN_JAGGED_SAMPLES and not large and _aten_jagged_applies(
@@ -229,6 +269,11 @@ def padded_to_packed(
     computes the same thing where this path does not apply."""
     if not _applies(data, offsets):
         return _into(reference(data, offsets, total), out)
+    batch, width = data.shape[:2]
+    if out is None and total <= LISTED_ROWS:
+        listed = _grid_rows(offsets, width)
+        if listed is not None and listed[1] == 0 and listed[2] == total:
+            return data.reshape(batch * width, *data.shape[2:]).index_select(0, listed[0])
     small = data.numel() * data.element_size() < LARGE_OUTPUT_BYTES
     few = data.shape[0] <= ATEN_JAGGED_SAMPLES
     if out is None and small and few and _aten_jagged_applies(data, offsets):
@@ -236,7 +281,6 @@ def padded_to_packed(
             return _PADDED_TO_JAGGED(data, [offsets], total)
         except RuntimeError:
             pass  # lengths past the padded width, or offsets not ending at total
-    batch, width = data.shape[:2]
     lengths = _regular_lengths(offsets, width)
     if lengths is None or int(offsets[0]) != 0 or int(offsets[-1]) != total:
         return _into(reference(data, offsets, total), out)
