@@ -29,7 +29,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -190,6 +190,7 @@ def _check_rest(name: str, operand: _Operand, ref_name: str, ref: _Operand) -> N
 
 
 class _RangeCheck(NamedTuple):
+    position: int  # of the index tensor among the operator's arguments
     indices: Tensor  # (B, M)
     sizes: Tensor  # (B,) valid slots per sample
     bound: Tensor | int  # valid range [-bound, bound), per sample or for all
@@ -226,13 +227,13 @@ class _SizeMismatch(NamedTuple):
 
 def _call_checked(
     name: str,
+    args: tuple,
     checks: Sequence[_RangeCheck],
     check_bounds: bool,
-    args_for: Callable[[list[Tensor]], tuple],
     mismatch: _SizeMismatch | None = None,
 ) -> Any:
-    """``kernels.call(name, *args_for(indices))`` with the index tensors of ``checks``
-    range-checked and negative indices resolved.
+    """``kernels.call(name, *args)`` with the index tensors of ``checks`` (the arguments at
+    their positions) range-checked and negative indices resolved.
 
     With ``check_bounds``, host calls whose operator checks its own indices
     (:func:`nestbatch.kernels.call_validating`, every bound an int) run it first and check
@@ -251,19 +252,17 @@ def _call_checked(
     Without ``check_bounds``: no device work but the operator; the indices must be in
     ``[0, bound)``.
     """
-    indices = [c.indices for c in checks]
     if not check_bounds:
-        return kernels.call(name, *args_for(indices))
+        return kernels.call(name, *args)
     if torch.compiler.is_compiling():
         # A compiled graph cannot read the device to raise: negative indices are resolved
         # without a read, and an index out of range is not reported (the operators never read
         # or write out of bounds; validate before compiling where that matters).
         resolved = [torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices)
                     for c in checks]
-        return kernels.call(name, *args_for(resolved))
-    args = args_for(indices)
+        return kernels.call(name, *_with_indices(args, checks, resolved))
     failure = None
-    if all(type(c.bound) is int for c in checks):
+    if _int_bounds(checks):
         # Where the operator checks every index it reads or writes, and reads a negative one
         # from the end of the dim or raises, the full check below runs only when it raises.
         try:
@@ -282,10 +281,27 @@ def _call_checked(
         resolved = _read_range_check(checks, stats, mismatch)
         if resolved is None and failure is not None:
             raise failure  # not an index out of range
-        return kernels.call(name, *(args if resolved is None else args_for(resolved)))
+        return kernels.call(name, *(args if resolved is None else
+                                    _with_indices(args, checks, resolved)))
     out = kernels.call(name, *args)
     resolved = _read_range_check(checks, stats, mismatch)
-    return out if resolved is None else kernels.call(name, *args_for(resolved))
+    return out if resolved is None else kernels.call(name, *_with_indices(args, checks, resolved))
+
+
+def _int_bounds(checks: Sequence[_RangeCheck]) -> bool:
+    """Whether every check's bound is one int (a dim's size, not per-sample sizes)."""
+    for check in checks:
+        if type(check.bound) is not int:
+            return False
+    return True
+
+
+def _with_indices(args: tuple, checks: Sequence[_RangeCheck], indices: list[Tensor]) -> tuple:
+    """``args`` with the index tensor of every check replaced by its entry of ``indices``."""
+    replaced = list(args)
+    for check, tensor in zip(checks, indices):
+        replaced[check.position] = tensor
+    return tuple(replaced)
 
 
 def _range_stats(
@@ -562,9 +578,9 @@ def batched_indexing_access(
     flat, sizes = _index_slots(indices)
     out = _call_checked(
         "indexing_access",
-        [_RangeCheck(flat, sizes, data.bound, "input_indices", "input_data")],
+        (data.canonical, flat, sizes, filler_value),
+        [_RangeCheck(1, flat, sizes, data.bound, "input_indices", "input_data")],
         check_bounds,
-        lambda idx: (data.canonical, idx[0], sizes, filler_value),
     )
     tensor = from_canonical(out, indices.batch_shape, data.dim)
     return with_data_of_sizes(indices, tensor, non_uniform_dim=data.dim)
@@ -631,9 +647,9 @@ def batched_indexing_write(
     flat, sizes = _index_slots(indices)
     out = _call_checked(
         "indexing_write",
-        [_RangeCheck(flat, sizes, into.bound, "output_indices", "to_write_into")],
+        (values.canonical, flat, sizes, into.canonical),
+        [_RangeCheck(1, flat, sizes, into.bound, "output_indices", "to_write_into")],
         check_bounds,
-        lambda idx: (values.canonical, idx[0], sizes, into.canonical),
     )
     return _wrap_like(into, out, indices.batch_shape)
 
@@ -691,9 +707,9 @@ def batched_inverse_indexing_access(
     flat, sizes = _index_slots(indices)
     out = _call_checked(
         "inverse_indexing_access",
-        [_RangeCheck(flat, sizes, output_num_targets, "output_indices", "the output")],
+        (values.canonical, flat, sizes, output_num_targets, filler_value),
+        [_RangeCheck(1, flat, sizes, output_num_targets, "output_indices", "the output")],
         check_bounds,
-        lambda idx: (values.canonical, idx[0], sizes, output_num_targets, filler_value),
     )
     return from_canonical(out, indices.batch_shape, values.dim)
 
@@ -769,14 +785,18 @@ def batched_index_mapping(
         mismatch = _SizeMismatch(s_sizes != t_sizes, s_sizes, t_sizes)
         if not check_bounds and s_sizes.is_cpu:
             mismatch.check(int(mismatch.differs.sum()))  # host memory: free to read
+    if s_flat.shape[1] != width:
+        s_flat = s_flat[:, :width]
+    if t_flat.shape[1] != width:
+        t_flat = t_flat[:, :width]
     out = _call_checked(
         "index_mapping",
+        (source.canonical, s_flat, t_flat, sizes, target.canonical),
         [
-            _RangeCheck(s_flat[:, :width], sizes, source.bound, "source_indices", "source_data"),
-            _RangeCheck(t_flat[:, :width], sizes, target.bound, "target_indices", "target_data"),
+            _RangeCheck(1, s_flat, sizes, source.bound, "source_indices", "source_data"),
+            _RangeCheck(2, t_flat, sizes, target.bound, "target_indices", "target_data"),
         ],
         check_bounds,
-        lambda idx: (source.canonical, idx[0], idx[1], sizes, target.canonical),
         mismatch,
     )
     return _wrap_like(target, out, batch_shape)
@@ -815,9 +835,9 @@ def get_mask_from_indices(
     flat, sizes = _index_slots(indices)
     mask = _call_checked(
         "indices_to_mask",
-        [_RangeCheck(flat, sizes, mask_num_targets, "indices", "the mask")],
+        (flat, sizes, mask_num_targets),
+        [_RangeCheck(0, flat, sizes, mask_num_targets, "indices", "the mask")],
         check_bounds,
-        lambda idx: (idx[0], sizes, mask_num_targets),
     )
     return mask.reshape(tuple(indices.batch_shape) + (mask_num_targets,))
 

@@ -349,19 +349,23 @@ SELECTION_SLOTS = 1 << 14
 
 
 def _selects(slots: int, *tensors: Tensor) -> bool:
-    """Whether the selection path may run: few slots, host tensors, nothing for autograd to
-    record (the references carry the operators' gradient conventions)."""
-    return (
-        slots <= SELECTION_SLOTS
-        and all(t.is_cpu for t in tensors)
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-    )
+    """Whether the selection path may run: few slots, nothing for autograd to record (the
+    references carry the operators' gradient conventions). The tensors are host tensors: this
+    module's functions are the operators' CPU implementations."""
+    if slots > SELECTION_SLOTS:
+        return False
+    if torch.is_grad_enabled():
+        for tensor in tensors:
+            if tensor.requires_grad:
+                return False
+    return True
 
 
 def _access_selects(data: Tensor, indices: Tensor) -> bool:
-    output_bytes = indices.numel() * math.prod(data.shape[2:]) * data.element_size()
-    return (data.shape[1] > 0 and output_bytes < LARGE_OUTPUT_BYTES
-            and _selects(indices.numel(), data, indices))
+    slots = indices.numel()
+    shape = data.shape
+    return (shape[1] > 0 and slots * math.prod(shape[2:]) * data.element_size()
+            < LARGE_OUTPUT_BYTES and _selects(slots, data, indices))
 
 
 def _valid_slots(sizes: Tensor, width: int) -> tuple[Tensor, Tensor]:
@@ -372,14 +376,17 @@ def _valid_slots(sizes: Tensor, width: int) -> tuple[Tensor, Tensor]:
 def _select_access(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number) -> Tensor:
     # Padded slots may hold any index: read row 0 for them, then overwrite them. ``gather``
     # raises for a valid index outside ``[0, N)``.
-    batch, width = indices.shape
-    padding = sizes_mask(sizes, width, padding=True)
+    padding = sizes_mask(sizes, indices.shape[1], padding=True)
     safe = indices.masked_fill(padding, 0)
-    safe = safe if safe.dtype == torch.int64 else safe.long()
+    if safe.dtype != torch.int64:
+        safe = safe.long()
+    if data.dim() == 3:  # one feature dim, the common case: the cheapest views
+        rows = torch.gather(data, 1, safe.unsqueeze(2).expand(-1, -1, data.shape[2]))
+        return rows.masked_fill_(padding.unsqueeze(2), filler_value)
     trailing = (1,) * (data.dim() - 2)
-    rows = torch.gather(data, 1, safe.view(batch, width, *trailing).expand(
+    rows = torch.gather(data, 1, safe.view(*safe.shape, *trailing).expand(
         -1, -1, *data.shape[2:]))
-    return rows.masked_fill_(padding.view(batch, width, *trailing), filler_value)
+    return rows.masked_fill_(padding.view(*padding.shape, *trailing), filler_value)
 
 
 def _select_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
