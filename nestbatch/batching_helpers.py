@@ -40,7 +40,13 @@ from . import kernels
 from ._validation import normalize_empty_samples, read_device_values
 from .errors import reference_compatible
 from .kernels.reference import sizes_mask
-from .ragged_batch import RaggedBatch, from_canonical, to_canonical, with_data_of_sizes
+from .ragged_batch import (
+    RaggedBatch,
+    from_canonical,
+    to_canonical,
+    with_data_of_sizes,
+    with_sizes,
+)
 
 __all__ = [
     "RaggedBatch",
@@ -885,12 +891,13 @@ def get_indices_from_mask(mask: Tensor | RaggedBatch) -> RaggedBatch:
     tensor, batch_shape, validity = _mask_operand(mask, "mask")
     if validity is not None:
         tensor = tensor & validity
+    if len(batch_shape) == 1:
+        indices, counts = kernels.mask_to_indices(tensor)
+        return with_sizes(indices, counts, 1)
     flat = tensor.reshape(math.prod(batch_shape), tensor.shape[-1])
     indices, counts = kernels.mask_to_indices(flat)
-    return RaggedBatch(
-        indices.reshape(tuple(batch_shape) + (indices.shape[1],)),
-        sample_sizes=counts.reshape(batch_shape),
-    )
+    return with_sizes(indices.reshape(tuple(batch_shape) + (indices.shape[1],)),
+                      counts.reshape(batch_shape), len(batch_shape))
 
 
 def _bool_index_operands(
@@ -921,7 +928,8 @@ def _bool_index_operands(
             f"{data_name} has {num_entries} "
             f"along its non-uniform dim {operand.dim}"
         )
-    effective = mask_tensor.reshape(math.prod(batch_shape), num_entries)
+    effective = mask_tensor if mask_tensor.dim() == 2 else \
+        mask_tensor.reshape(math.prod(batch_shape), num_entries)
     if validity is not None:
         effective = effective & validity.reshape(effective.shape)
     if isinstance(operand.bound, Tensor):
@@ -959,11 +967,9 @@ def batched_bool_indexing(
         input_data, "input_data", input_mask, "input_mask"
     )
     out, counts = kernels.bool_compaction(data.canonical, effective)
-    return RaggedBatch(
-        from_canonical(out, batch_shape, data.dim),
-        sample_sizes=counts.reshape(batch_shape),
-        non_uniform_dim=data.dim,
-    )
+    if len(batch_shape) != 1:
+        counts = counts.reshape(batch_shape)
+    return with_sizes(from_canonical(out, batch_shape, data.dim), counts, data.dim)
 
 
 @reference_compatible

@@ -58,6 +58,15 @@ def with_data_of_sizes(like: RaggedBatch, tensor: Tensor,
     return _assemble(type(like), tensor, like._layout, nud, like._num_batch_dims)
 
 
+def with_sizes(tensor: Tensor, sample_sizes: Tensor, non_uniform_dim: int) -> RaggedBatch:
+    """``RaggedBatch(tensor, sample_sizes=sample_sizes, non_uniform_dim=non_uniform_dim)``
+    without its checks: for nestbatch's own callers, whose arguments agree by construction
+    (batch shape ``sample_sizes.shape``, same device, ``non_uniform_dim`` past the batch
+    dims)."""
+    layout = _SampleLayout(None, sample_sizes, tensor.shape[non_uniform_dim])
+    return _assemble(RaggedBatch, tensor, layout, non_uniform_dim, sample_sizes.dim())
+
+
 def _assemble(cls: type[RaggedBatch], tensor: Tensor, layout: _SampleLayout,
               non_uniform_dim: int, num_batch_dims: int) -> RaggedBatch:
     """An instance of ``cls`` from its four fields, unchecked."""

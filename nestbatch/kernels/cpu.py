@@ -519,6 +519,8 @@ def bool_compaction(data: Tensor, mask: Tensor, max_count: int, reference,
     if max_count > mask.shape[1] or not _selects(mask.numel(), data, mask):
         return reference(data, mask, max_count)
     positions, kept = _true_positions(mask, max_count)
-    rows = data[torch.arange(data.shape[0]).unsqueeze(1), positions]
-    padding = ~kept.view(*kept.shape, *(1,) * (data.dim() - 2))
+    trailing = (1,) * (data.dim() - 2)
+    rows = torch.gather(data, 1, positions.view(*positions.shape, *trailing).expand(
+        -1, -1, *data.shape[2:]))
+    padding = ~kept.view(*kept.shape, *trailing)
     return rows.masked_fill_(padding, 0), row_counts(mask) if counts is None else counts
