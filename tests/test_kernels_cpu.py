@@ -15,7 +15,18 @@ from ragged_strategies import ALL_DTYPES, make_tensor
 from nestbatch import kernels
 from nestbatch.kernels import cpu, host_memory, operators
 
-PATHS = {"blocks": 0, "rows": 1 << 40}  # BLOCK_ROWS forcing each path
+# The settings forcing each path of the conversions (with LARGE_OUTPUT_BYTES at 0): whole-sample
+# blocks, row indices computed with tensor ops, row indices listed on the host.
+PATHS = {
+    "blocks": {"BLOCK_ROWS": 0, "LISTED_ROWS": -1},
+    "rows": {"BLOCK_ROWS": 1 << 40, "LISTED_ROWS": -1},
+    "listed": {"LISTED_ROWS": 1 << 20, "LISTED_FROM_SAMPLES": 0},
+}
+
+
+def _take(patch, path: str) -> None:
+    for name, value in PATHS[path].items():
+        patch.setattr(cpu, name, value)
 
 
 @pytest.fixture
@@ -66,7 +77,7 @@ def test_conversions_match_reference(case):
     max_len = max(lengths, default=0) + extra
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
-        patch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+        _take(patch, path)
         padded = operators._packed_to_padded_cpu(values, offsets, max_len, fill)
         expected = operators._packed_to_padded_reference(values, offsets, max_len, fill)
         _assert_same(padded, expected)
@@ -81,7 +92,7 @@ def test_conversions_match_reference(case):
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
-    monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+    _take(monkeypatch, path)
     values = torch.arange(24.0).view(12, 2)
     # Offsets that start past row 0 and stop before the end: rows outside them are unused.
     offsets = torch.tensor([2, 5, 5, 9])
@@ -94,6 +105,18 @@ def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
         operators._packed_to_padded_cpu(values, offsets, 3, 0.0),
         operators._packed_to_padded_reference(values, offsets, 3, 0.0),
     )
+    # Padded -> packed: a sample longer than the width, decreasing offsets, offsets not
+    # ending at the total, or not starting at 0.
+    data = torch.arange(24.0).view(3, 4, 2)
+    for odd, total in (([0, 5, 6, 8], 8), ([0, 3, 2, 6], 6), ([0, 1, 2, 3], 2), ([1, 2, 3, 4], 4)):
+        odd = torch.tensor(odd)
+        try:
+            expected = operators._padded_to_packed_reference(data, odd, total)
+        except (RuntimeError, IndexError) as error:
+            with pytest.raises(type(error)):
+                operators._padded_to_packed_cpu(data, odd, total)
+        else:
+            _assert_same(operators._padded_to_packed_cpu(data, odd, total), expected)
     # Sizes outside [0, N] in fill_padding: negative means all padding, past N none.
     data = torch.arange(24.0).view(3, 4, 2)
     sizes = torch.tensor([-1, 9, 2])
@@ -121,7 +144,7 @@ def test_samples_longer_than_max_len_are_cut(monkeypatch, feature, one_write):
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_empty_batch_and_empty_samples(every_size, monkeypatch, path):
-    monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+    _take(monkeypatch, path)
     no_offsets = torch.zeros(1, dtype=torch.long)
     empty = operators._packed_to_padded_cpu(torch.zeros(0, 3), no_offsets, 4, 1)
     assert empty.shape == (0, 4, 3)
@@ -235,7 +258,7 @@ def test_huge_pages_can_be_turned_off(monkeypatch):
 @pytest.mark.parametrize("offsets", [[0, 3, 3, 7], [1, 3, 3, 7]])
 def test_out_receives_the_result(monkeypatch, path, offsets):
     if path in PATHS:  # the one-write path for large outputs
-        monkeypatch.setattr(cpu, "BLOCK_ROWS", PATHS[path])
+        _take(monkeypatch, path)
         monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
     # Small outputs of long samples are copied into out= as blocks; those of short samples are
     # computed, then copied in.

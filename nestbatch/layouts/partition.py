@@ -64,7 +64,7 @@ class RowPartition:
             if host_shapes is None or device is None:
                 raise ValueError("a partition needs shape_per_sample, or host_shapes and device")
             self._shapes = None
-            self._device = torch.device(device)
+            self._device = device if type(device) is torch.device else torch.device(device)
             self._num_ragged_dims = len(host_shapes[0]) if host_shapes else 1
             self._batch_size = len(host_shapes)
         else:
@@ -203,14 +203,15 @@ class RowPartition:
                 )
         return self._shapes
 
-    def _host_tensor(self, values: Sequence, dtype: torch.dtype = torch.int64) -> Tensor:
+    def _host_tensor(self, values: Sequence, dtype: torch.dtype = torch.int64, *,
+                     fake: bool | None = None) -> Tensor:
         """A tensor of host ints on the partition's device: one host-to-device copy.
 
         The tensor wraps an ``array`` of the values (1 us instead of ``torch.tensor``'s 4 for a
         few values, 80 us instead of 600 for 4096), except while tracing with fake tensors,
-        which need a factory op.
+        which need a factory op (``fake``: :func:`making_fake_tensors`, when the caller knows).
         """
-        if making_fake_tensors() or not values:
+        if not values or (making_fake_tensors() if fake is None else fake):
             # Made on the host and copied (not ``torch.tensor(..., device=)``, whose copy on a
             # CUDA build of torch runs below the dispatcher, hidden from tracing modes).
             return torch.tensor(values, dtype=dtype).to(self._device)
@@ -339,8 +340,10 @@ class RowPartition:
         """The offsets from the host lengths, on the device: one host-to-device copy. Many
         lengths are summed by torch on the host (C speed) rather than by Python."""
         lengths = self.host_lengths
-        if len(lengths) <= _FEW_SIZES or making_fake_tensors():
+        if len(lengths) <= _FEW_SIZES:
             return self._host_tensor(self.host_offsets, dtype)
+        if making_fake_tensors():
+            return self._host_tensor(self.host_offsets, dtype, fake=True)
         read = self._host_lengths_tensor
         if read is None:
             read = torch.frombuffer(array.array("q", lengths), dtype=torch.int64)
