@@ -110,7 +110,8 @@ def reference_packed_values_to_padded(
     rows = values.index_select(0, sources.clamp(max=values.shape[0] - 1).reshape(-1))
     out = rows.view(shape)
     trailing = (1,) * (values.dim() - 1)
-    return out.masked_fill(~inside.view(*inside.shape, *trailing), padding_value)
+    # In place on the fresh gather output (see kernels.reference.packed_to_padded).
+    return out.masked_fill_(~inside.view(*inside.shape, *trailing), padding_value)
 
 
 def padded_slot_sources(

@@ -83,7 +83,9 @@ def packed_to_padded(
     rows = (starts + positions).clamp_(0, values.shape[0] - 1)
     out = values.index_select(0, rows.reshape(-1)).view(shape)
     trailing = (1,) * (values.dim() - 1)
-    return out.masked_fill(~inside.view(batch, max_len, *trailing), padding_value)
+    # In place on the fresh gather output: no second output to allocate (and, on the CPU, to
+    # fault in page by page); index_select's backward needs no output.
+    return out.masked_fill_(~inside.view(batch, max_len, *trailing), padding_value)
 
 
 def _blocks_pay_off(values: Tensor, offsets: Tensor) -> bool:
