@@ -311,10 +311,11 @@ def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
         padded = cached_layout(batch, Layout.PADDED)
         if padded is not None:
             # x[:, :k] of a cached padded layout: new lengths on the host, a view of the data.
-            stop = s.stop
-            lengths = list(partition.host_lengths) if stop is None else \
-                [n if n < stop else stop for n in partition.host_lengths]
-            new = RowPartition.from_host_lengths(lengths, partition.device)
+            if s.stop is None:
+                return Padded.trusted(padded.data, partition, padded.padding_value)
+            lengths = partition.clamped_host_lengths(s.stop)
+            new = partition if lengths is partition.host_lengths else \
+                RowPartition.from_host_lengths(lengths, partition.device)
             return _narrow_padded(padded, new, (s,))
     # Each sample's rows, sliced as Python slices a range (clipped, negative bounds from the
     # sample's end): the slicing is done in C, one range per sample.

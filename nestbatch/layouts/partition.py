@@ -259,6 +259,17 @@ class RowPartition:
             return tuple(shape[0] for shape in self.host_shapes)
         return tuple(math.prod(shape) for shape in self.host_shapes)
 
+    def clamped_host_lengths(self, stop: int) -> tuple[int, ...] | list[int]:
+        """:attr:`host_lengths` with every length above ``stop`` cut to ``stop`` (the lengths of
+        ``x[:, :stop]``): the same tuple when no sample is longer, and at C speed for many
+        lengths already read into a host tensor."""
+        lengths = self.host_lengths
+        if self._max_shape is not None and self._max_shape[0] <= stop:
+            return lengths
+        if self._host_lengths_tensor is not None:
+            return self._host_lengths_tensor.clamp(max=stop).tolist()  # a host tensor: no sync
+        return [n if n < stop else stop for n in lengths]
+
     @memoized
     def host_offsets(self) -> tuple[int, ...]:
         """Start of every sample in the packed rows, then the total, on the host (may sync once)."""
