@@ -160,6 +160,22 @@ def test_host_slicing_equals_python_slicing(lengths, start, stop, step, cached_p
         assert torch.equal(got, sample[start:stop:step])
 
 
+@pytest.mark.parametrize("num_samples", [3, 100])  # lengths kept as a tuple / read into C
+@pytest.mark.parametrize("stop", [0, 2, 7, 50])
+def test_prefix_slice_of_a_cached_padded_layout(num_samples, stop):
+    lengths = torch.randint(0, 8, (num_samples,), generator=torch.Generator().manual_seed(3))
+    lengths = lengths.tolist()
+    samples = _samples(lengths, feature=2)
+    batch = NestedBatch.from_lengths(torch.cat(samples), lengths)
+    batch.padded()
+    out = batch[:, :stop]
+    assert out.partition.host_lengths == tuple(min(n, stop) for n in lengths)
+    if stop >= max(lengths):
+        assert out.partition is batch.partition
+    for got, sample in zip(out.unbind(), samples):
+        assert torch.equal(got, sample[:stop])
+
+
 def test_prefix_slice_of_device_sizes_needs_no_host_sizes():
     samples = _samples([3, 1, 4])
     offsets = torch.tensor([0, 3, 4, 8])
