@@ -168,7 +168,7 @@ def _grid_rows(offsets: Tensor, width: int) -> tuple[Tensor, int, int] | None:
     the flat position ``b * width + j`` in a ``(B, width)`` grid of every packed row
     ``offsets[b] + j``, samples back to back, and the first and last offset. ``None`` for other
     offsets (the callers' references define what those give)."""
-    host = offsets.tolist()
+    host = offsets.tolist()  # a host tensor (the CPU implementations get nothing else): no sync
     lengths = list(map(operator.sub, host[1:], host[:-1]))
     if lengths and not (0 <= min(lengths) and max(lengths) <= width):
         return None

@@ -446,6 +446,7 @@ class RowPartition:
         Host-side shapes carry over when ``index`` is a CPU tensor (no synchronization).
         """
         if self.knows_host_shapes and (host_index is not None or index.is_cpu):
+            # ``index`` is a host tensor when the list is not given: reading it is no sync.
             host_index = index.tolist() if host_index is None else host_index
             if self._num_ragged_dims == 1:
                 lengths = self.host_lengths
