@@ -156,9 +156,10 @@ def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | Non
     two strided views gives every step and its negation, and one ``amax`` the largest of each.
     Details of a failure are read on the error path only.
     """
-    if offsets.numel() == 0:
+    count = offsets.numel()
+    if count == 0:
         raise ValueError(f"{name} must have at least one entry (B + 1 values), got an empty tensor")
-    if offsets.is_cpu and offsets.numel() <= _HOST_CHECKED:
+    if count <= _HOST_CHECKED and offsets.is_cpu:
         check_host_offsets(offsets.tolist(), num_values, max_len, name)  # host memory: no sync
         return
     ends = torch.tensor([0, num_values], dtype=offsets.dtype, device=offsets.device)
@@ -187,7 +188,7 @@ def check_host_offsets(
     offsets: list[int], num_values: int, max_len: int | None, name: str = "offsets"
 ) -> None:
     """The checks of :func:`check_offsets_on_device` on host offsets (no device involved)."""
-    steps = [b - a for a, b in zip(offsets, offsets[1:])]
+    steps = list(map(operator.sub, offsets[1:], offsets[:-1]))
     if offsets[0] != 0:
         raise ValueError(f"{name} must start at 0, got {offsets[0]}")
     if offsets[-1] != num_values:
