@@ -349,7 +349,7 @@ SELECTION_SLOTS = 1 << 14
 
 #: The gathers (``indexing_access``) and the writes into a fresh or cloned target from a
 #: gathered source (``inverse_indexing_access``, ``index_mapping``) keep the selection path up
-#: to this many slots: measured on 2 cores at 65k and 131k slots it is 1.4-1.6x faster than the
+#: to this many slots: measured on 2 cores at 65k and 131k slots it is 1.3-1.6x faster than the
 #: references for the gather, 1.7-9x for the inverse access, 1.25-2x for the mapping, where
 #: the plain writes and the masks are 0.7-0.9x (they keep :data:`SELECTION_SLOTS`).
 GATHER_SELECTION_SLOTS = 1 << 17
