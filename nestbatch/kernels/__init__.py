@@ -31,6 +31,7 @@ from nestbatch.kernels.extension import extension_status, load_extension
 __all__ = [
     "bool_compaction",
     "call",
+    "call_validating",
     "extension_status",
     "fill_padding",
     "index_mapping",
@@ -43,7 +44,6 @@ __all__ = [
     "packed_to_padded",
     "padded_to_packed",
     "runs_compiled",
-    "call_validating",
 ]
 
 _ops = torch.ops.nestbatch
@@ -228,9 +228,13 @@ def _max_count(mask: Tensor, max_count: int | None) -> int:
     return int(mask.sum(dim=1).amax().cpu())
 
 
-def _largest(counts: Tensor) -> int:
-    """The largest of host ``counts`` (0 for none)."""
-    return int(counts.max()) if counts.shape[0] else 0
+def _counted_on_host(name: str, *args: Tensor) -> tuple[Tensor, Tensor]:
+    """Host operator ``name`` (``mask_to_indices`` / ``bool_compaction``) on ``args``, the mask
+    last, at the width of its largest count: the counts size the output, so they are summed
+    once and handed to the operator (host memory: reading them is no sync)."""
+    counts = _cpu.row_counts(args[-1])
+    width = int(counts.max()) if counts.shape[0] else 0
+    return _CPU[name](*args, width, counts=counts)
 
 
 def _mask(mask: object, rows: int | None = None, width: int | None = None) -> Tensor:
@@ -546,9 +550,7 @@ def mask_to_indices(mask: Tensor, *, max_count: int | None = None) -> tuple[Tens
     """
     mask = _mask(mask)
     if max_count is None and _runs_on_host(mask):
-        # The counts size the output: summed once, then handed to the operator.
-        counts = _cpu.row_counts(mask)
-        return _CPU["mask_to_indices"](mask, _largest(counts), counts=counts)
+        return _counted_on_host("mask_to_indices", mask)
     return _run("mask_to_indices", mask, _max_count(mask, max_count))
 
 
@@ -606,6 +608,5 @@ def bool_compaction(
     mask = _mask(mask, data.shape[0], data.shape[1])
     _same_device(data, mask=mask)
     if max_count is None and _runs_on_host(data):
-        counts = _cpu.row_counts(mask)
-        return _CPU["bool_compaction"](data, mask, _largest(counts), counts=counts)
+        return _counted_on_host("bool_compaction", data, mask)
     return _run("bool_compaction", data, mask, _max_count(mask, max_count))
