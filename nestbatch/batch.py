@@ -313,7 +313,7 @@ class NestedBatch(TensorMethods):
             Check the sizes / mask against ``data`` (reads device values).
         """
         check_tensor(data, "data")
-        if sum(x is not None for x in (lengths, mask, shape_per_sample)) != 1:
+        if (lengths is not None) + (mask is not None) + (shape_per_sample is not None) != 1:
             raise ValueError("give exactly one of lengths, mask or shape_per_sample")
         if mask is not None:
             check_tensor(mask, "mask")

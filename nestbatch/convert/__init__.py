@@ -26,7 +26,8 @@ def to_packed(layout: RaggedLayout) -> Packed:
     if isinstance(layout, Packed):
         return layout
     if isinstance(layout, Padded):
-        return padded_to_packed(to_side(layout, "right"))
+        right = layout if layout.padding_side == "right" else to_side(layout, "right")
+        return padded_to_packed(right)
     return list_to_packed(layout)
 
 
@@ -45,7 +46,8 @@ def to_padded(
         For a ``padding_value`` the layout's dtype cannot hold (``-1`` for ``uint8``, ``2.5``
         for an integer dtype, ``1e10`` for ``float16``), naming it, the dtype and the value.
     """
-    check_filler(padding_value, layout.dtype)
+    if not (type(padding_value) is float and padding_value == 0.0):  # 0 fits every dtype
+        check_filler(padding_value, layout.dtype)
     if type(layout) is Packed and padding_side == "right":
         return packed_to_padded(layout, padding_value, max_shape)  # the common case, first
     check_padding_side(padding_side, layout.partition.num_ragged_dims)

@@ -60,9 +60,10 @@ def call(name: str, *args: object) -> object:
     custom-op dispatch (about 50 us a call).
     """
     first = args[0]
-    if _runs_on_host(first):
+    fake = isinstance(first, FakeTensor)
+    if first.is_cpu and not fake and not torch.compiler.is_compiling():  # _runs_on_host, inline
         return _CPU[name](*args)
-    if isinstance(first, FakeTensor) or torch.compiler.is_compiling():
+    if fake or torch.compiler.is_compiling():
         return getattr(_ops, name)(*args)
     if first.is_cuda and not _autograd_records(args):
         kernel = _compiled_kernel(name, args)

@@ -96,8 +96,9 @@ LISTED_ROWS = 512
 LISTED_FROM_SAMPLES = 8
 
 _OFFSET_DTYPES = (torch.int64, torch.int32)
-_JAGGED_TO_PADDED = torch.ops.aten._jagged_to_padded_dense_forward.default
-_PADDED_TO_JAGGED = torch.ops.aten._padded_dense_to_jagged_forward.default
+# The overloads' C++ entry points: the same call without ``OpOverload.__call__``'s frame.
+_JAGGED_TO_PADDED = torch.ops.aten._jagged_to_padded_dense_forward.default._op
+_PADDED_TO_JAGGED = torch.ops.aten._padded_dense_to_jagged_forward.default._op
 
 
 def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> bool:

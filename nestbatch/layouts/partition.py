@@ -124,18 +124,22 @@ class RowPartition:
         graph per batch size). ``as_tensor``: the lengths already read into an int64 host
         tensor, when a caller has one (the offsets are summed from it).
         """
-        partition = cls(None, host_shapes=(), device=device)
-        partition._host_shapes = None  # derived from the lengths when asked for
-        partition._batch_size = len(lengths)
-        partition.__dict__["host_lengths"] = tuple(lengths)
+        partition = cls._one_ragged_dim(device, len(lengths), max_len)
         partition._lengths_on_host = True
-        partition._max_shape = None if max_len is None else (max_len,)
+        partition._host_lengths_tensor = as_tensor
+        known = partition.__dict__
+        known["host_lengths"] = lengths = tuple(lengths)
         if total is not None:
-            partition.__dict__["total"] = total
-        if as_tensor is not None:
-            partition._host_lengths_tensor = as_tensor
+            known["total"] = total
+        if max_len is not None:
+            known["max_shape"] = partition._max_shape
         if traceable:
-            partition.__dict__["offsets"] = partition._host_offsets(torch.int64)
+            if len(lengths) <= _FEW_SIZES and not making_fake_tensors():
+                known["host_offsets"] = host = (0, *itertools.accumulate(lengths))
+                host_tensor = torch.frombuffer(array.array("q", host), dtype=torch.int64)
+                known["offsets"] = partition._to_device(host_tensor)
+            else:
+                known["offsets"] = partition._host_offsets(torch.int64)
         return partition
 
     @classmethod
@@ -157,13 +161,33 @@ class RowPartition:
     ) -> RowPartition:
         """Partition of a batch with one ragged dim, from its offsets ``(B + 1,)`` (int32 or
         int64; kept as given). The lengths are derived on first use."""
-        partition = cls(None, host_shapes=(), device=offsets.device)
-        partition._host_shapes = None
-        partition._batch_size = offsets.shape[0] - 1
-        partition._max_shape = None if max_len is None else (_size(max_len),)
+        max_len = None if max_len is None else _size(max_len)
+        partition = cls._one_ragged_dim(offsets.device, offsets.shape[0] - 1, max_len)
         partition.__dict__["offsets"] = offsets
         if total is not None:
-            partition.note_total(total)
+            partition.__dict__["total"] = int(total)
+        return partition
+
+    @classmethod
+    def _one_ragged_dim(
+        cls, device: torch.device, batch_size: int, max_len: int | None
+    ) -> RowPartition:
+        """A partition of ``batch_size`` samples with one ragged dim whose sizes the caller
+        records next (host lengths or device offsets), every field set as ``__init__`` would.
+
+        Built without ``__init__``'s checks: the hot path of every batch made from lengths or
+        offsets (at B=4 the layers cost more than aten's conversion kernel).
+        """
+        partition = cls.__new__(cls)
+        partition._shapes = None
+        partition._device = device if type(device) is torch.device else torch.device(device)
+        partition._num_ragged_dims = 1
+        partition._batch_size = batch_size
+        partition._host_shapes = None  # derived from the lengths or offsets when asked for
+        partition._max_shape = None if max_len is None else (max_len,)
+        partition._lengths_on_host = False
+        partition._host_lengths_tensor = None
+        partition._has_empty = None
         return partition
 
     @classmethod
