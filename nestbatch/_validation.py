@@ -47,6 +47,11 @@ def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.devi
 _INT_TYPE = {int}
 
 
+def _plain_ints(value: object) -> bool:
+    """Whether ``value`` is a list or tuple of Python ints (checked at C speed)."""
+    return type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE
+
+
 def host_ints(value: object, name: str) -> tuple[int, ...]:
     """A Python sequence of integers as a tuple of ints, checked on the host (any sign).
 
@@ -58,7 +63,7 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
     TypeError
         If ``value`` is not a sequence of integers.
     """
-    if type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE:
+    if _plain_ints(value):
         return tuple(value)  # the common case, checked at C speed (no loop in Python)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(
@@ -108,7 +113,10 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
     ValueError
         If a size is negative, or too large for int64.
     """
-    sizes = host_ints(value, name)
+    if type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE:  # _plain_ints
+        sizes = tuple(value)
+    else:
+        sizes = host_ints(value, name)
     if len(sizes) < MANY_SIZES or making_fake_tensors():
         smallest, largest = (min(sizes), max(sizes)) if sizes else (0, 0)
         tensor, total = None, sum(sizes)

@@ -394,7 +394,7 @@ class NestedBatch(TensorMethods):
         """
         cached = self._cache.get(Layout.PACKED)
         if cached is None:
-            cached = self._keep(Layout.PACKED, convert.to_packed(self._best_source(Layout.PACKED)))
+            cached = self._keep(Layout.PACKED, convert.to_packed(self._primary))
         return cached
 
     def padded(
@@ -423,7 +423,7 @@ class NestedBatch(TensorMethods):
             its :attr:`~nestbatch.layouts.Padded.mask` is then a suffix mask).
         """
         if max_shape is not None:
-            source = self._best_source(Layout.PACKED)
+            source = self._primary
             return convert.to_padded(source, padding_value or 0, max_shape, padding_side)
         if padding_value is None:
             for key, layout in self._cache.items():
@@ -436,7 +436,9 @@ class NestedBatch(TensorMethods):
             key += (padding_side,)
         cached = self._cache.get(key)
         if cached is None:
-            source = self._best_source(Layout.PADDED)
+            # Conversions between list and padded go through packed rows: cached ones first.
+            source = self._cache.get(Layout.PACKED)
+            source = self._primary if source is None else source
             cached = self._keep(key, convert.to_padded(source, padding_value, None, padding_side))
         return cached
 
@@ -444,7 +446,7 @@ class NestedBatch(TensorMethods):
         """The batch as :class:`~nestbatch.layouts.TensorList` (converted once, then cached)."""
         cached = self._cache.get(Layout.LIST)
         if cached is None:
-            cached = self._keep(Layout.LIST, convert.to_list(self._best_source(Layout.LIST)))
+            cached = self._keep(Layout.LIST, convert.to_list(self._list_source()))
         return cached
 
     def _keep(self, key: Any, layout: RaggedLayout) -> RaggedLayout:
@@ -488,15 +490,15 @@ class NestedBatch(TensorMethods):
         # A stored sample (ragged dim first) as the logical one: a view, no copy.
         return sample if self._ragged_dim == 1 else sample.movedim(0, self._ragged_dim - 1)
 
-    def _best_source(self, target: Layout) -> RaggedLayout:
-        # Conversions between list and padded go through packed rows; prefer a cached packed
-        # layout, then the primary one.
-        if target is not Layout.PACKED and Layout.PACKED in self._cache:
-            return self._cache[Layout.PACKED]
-        if target is Layout.LIST:
-            for key, layout in self._cache.items():
-                if _right_padded(key):
-                    return layout
+    def _list_source(self) -> RaggedLayout:
+        # Samples are cut from packed rows or right-padded data: a cached layout of those kinds
+        # first, then the primary one.
+        packed = self._cache.get(Layout.PACKED)
+        if packed is not None:
+            return packed
+        for key, layout in self._cache.items():
+            if _right_padded(key):
+                return layout
         return self._primary
 
     # ============================================================================ metadata

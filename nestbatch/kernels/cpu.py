@@ -108,7 +108,8 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
     filler as a double (so only fillers a double holds exactly).
     """
     return (
-        _applies(data, offsets)
+        data.is_cpu and offsets.is_cpu  # _applies(data, offsets), inline on this hot path
+        and not (data.requires_grad and torch.is_grad_enabled())
         and data.dtype in _ATEN_JAGGED_DTYPES
         and offsets.dtype in _OFFSET_DTYPES
         and _held_exactly(filler, data.dtype)
@@ -222,9 +223,10 @@ def packed_to_padded(
         listed = _grid_rows(offsets, max_len)
         if listed is not None and 0 <= listed[1] <= listed[2] <= values.shape[0]:
             rows, start, stop = listed
-            grid = values.new_full((batch * max_len, *values.shape[1:]), padding_value)
-            grid.index_copy_(0, rows, values[start:stop])
-            return grid.view(batch, max_len, *values.shape[1:])
+            grid = values.new_full((batch, max_len, *values.shape[1:]), padding_value)
+            rows_read = values if stop - start == values.shape[0] else values[start:stop]
+            grid.flatten(0, 1).index_copy_(0, rows, rows_read)
+            return grid
     row_bytes = math.prod(values.shape[1:]) * values.element_size()
     large = batch * max_len * row_bytes >= LARGE_OUTPUT_BYTES
     if out is None and batch <= ATEN_JAGGED_SAMPLES and not large and _aten_jagged_applies(
@@ -274,7 +276,7 @@ def padded_to_packed(
     if out is None and total <= LISTED_ROWS:
         listed = _grid_rows(offsets, width)
         if listed is not None and listed[1] == 0 and listed[2] == total:
-            return data.reshape(batch * width, *data.shape[2:]).index_select(0, listed[0])
+            return data.flatten(0, 1).index_select(0, listed[0])
     small = data.numel() * data.element_size() < LARGE_OUTPUT_BYTES
     few = data.shape[0] <= ATEN_JAGGED_SAMPLES
     if out is None and small and few and _aten_jagged_applies(data, offsets):
