@@ -27,6 +27,11 @@ from nestbatch._validation import (
     host_ints,
     read_device_values,
 )
+from nestbatch.convert.tensorflow import (
+    lengths_without_trailing_padding,
+    offsets_from_row_limits,
+    offsets_from_row_starts,
+)
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
 from nestbatch.layouts.padded import check_padding_side
 from nestbatch.tensor_methods import TensorMethods
@@ -805,8 +810,6 @@ class NestedBatch(TensorMethods):
         cls, values: Tensor, row_starts: Tensor | Sequence[int], *, validate: bool = True
     ) -> NestedBatch:
         """Batch from packed ``values`` and the start of every sample ``(B,)`` (TF row_starts)."""
-        from nestbatch.convert.tensorflow import offsets_from_row_starts
-
         check_tensor(values, "values")
         if values.dim() < 1:
             raise ValueError("values must have at least one dim (total, *feature), got a scalar")
@@ -818,8 +821,6 @@ class NestedBatch(TensorMethods):
         cls, values: Tensor, row_limits: Tensor | Sequence[int], *, validate: bool = True
     ) -> NestedBatch:
         """Batch from packed ``values`` and the end of every sample ``(B,)`` (TF row_limits)."""
-        from nestbatch.convert.tensorflow import offsets_from_row_limits
-
         return cls.from_offsets(values, offsets_from_row_limits(row_limits), validate=validate)
 
     @classmethod
@@ -835,8 +836,6 @@ class NestedBatch(TensorMethods):
         all equal ``padding`` are cut (padding inside a row is kept). With neither: every row is
         whole. Shares ``tensor``.
         """
-        from nestbatch.convert.tensorflow import lengths_without_trailing_padding
-
         check_tensor(tensor, "tensor")
         if lengths is not None and padding is not None:
             raise ValueError("give lengths or padding, not both (as TF's from_tensor)")

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from nestbatch._validation import read_device_values
 from nestbatch.batch import NestedBatch, cached_layout, sample_of, with_ragged_dim
+from nestbatch.convert.packed_padded import packed_values_to_padded
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 from nestbatch.ops.registry import register
 
@@ -313,10 +314,7 @@ def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
             # x[:, :k] of a cached padded layout: new lengths on the host, a view of the data.
             if s.stop is None:
                 return Padded.trusted(padded.data, partition, padded.padding_value)
-            lengths = partition.clamped_host_lengths(s.stop)
-            new = partition if lengths is partition.host_lengths else \
-                RowPartition.from_host_lengths(lengths, partition.device)
-            return _narrow_padded(padded, new, (s,))
+            return _narrow_padded(padded, partition.clamped(s.stop), (s,))
     # Each sample's rows, sliced as Python slices a range (clipped, negative bounds from the
     # sample's end): the slicing is done in C, one range per sample.
     offsets = partition.host_offsets
@@ -350,8 +348,6 @@ def _slice_prefix_on_device(batch: NestedBatch, s: slice) -> Padded:
 
 
 def _pad_to_width(batch: NestedBatch, width: int) -> Tensor:
-    from nestbatch.convert.packed_padded import packed_values_to_padded
-
     packed = batch.packed()
     return packed_values_to_padded(packed.values, packed.partition, (width,), 0.0)
 

@@ -56,3 +56,32 @@ def test_partition_moves_devices_with_host_shapes():
     assert partition.to("cpu") is partition
     chosen = partition.select(torch.tensor([1]))
     assert chosen.host_shapes == ((3,),)
+
+
+def test_partition_from_a_host_lengths_tensor_derives_what_from_host_lengths_does():
+    lengths = [4, 0, 3, 1, 0, 7]
+    listed = RowPartition.from_host_lengths(lengths, torch.device("cpu"))
+    held = RowPartition.from_host_lengths_tensor(torch.tensor(lengths), torch.device("cpu"))
+    assert held.knows_host_shapes and "host_lengths" not in held.__dict__
+    assert held.total == 15 and held.max_shape == (7,)  # read from the tensor
+    assert held.offsets.tolist() == listed.offsets.tolist()
+    assert held.host_lengths == listed.host_lengths and held.host_shapes == listed.host_shapes
+    assert held.lengths.tolist() == lengths
+    assert held.select(torch.tensor([5, 0])).host_lengths == (7, 4)
+    assert held.to("meta").host_lengths == listed.host_lengths
+    empty = RowPartition.from_host_lengths_tensor(torch.zeros(0, dtype=torch.int64),
+                                                  torch.device("cpu"))
+    assert empty.total == 0 and empty.max_shape == (0,) and empty.offsets.tolist() == [0]
+
+
+def test_clamped_partition_cuts_every_longer_sample():
+    for batch in (3, 100):  # lengths listed, then read into a host tensor (many samples)
+        lengths = [(7 * b) % 11 for b in range(batch)]
+        for make in (RowPartition.from_host_lengths,
+                     lambda x, d: RowPartition.from_host_lengths_tensor(torch.tensor(x), d)):
+            partition = make(lengths, torch.device("cpu"))
+            clamped = partition.clamped(4)
+            assert clamped.host_lengths == tuple(min(n, 4) for n in lengths)
+            assert clamped.total == sum(min(n, 4) for n in lengths)
+            assert clamped.max_shape == (max(min(n, 4) for n in lengths),)
+            assert partition.clamped(11) is partition  # no sample is longer

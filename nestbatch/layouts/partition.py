@@ -143,6 +143,19 @@ class RowPartition:
         return partition
 
     @classmethod
+    def from_host_lengths_tensor(
+        cls, lengths: Tensor, device: torch.device, *, max_len: int | None = None
+    ) -> RowPartition:
+        """:meth:`from_host_lengths` from lengths held in a 1-d int64 CPU tensor (read without
+        a sync), kept as it is: the tuple :attr:`host_lengths`, the total, the maximum and the
+        offsets are derived from it on first use, at C speed (thousands of samples cost a few
+        microseconds instead of a list of Python ints)."""
+        partition = cls._one_ragged_dim(device, lengths.shape[0], max_len)
+        partition._lengths_on_host = True
+        partition._host_lengths_tensor = lengths
+        return partition
+
+    @classmethod
     def from_lengths(
         cls,
         lengths: Tensor,
@@ -279,20 +292,23 @@ class RowPartition:
     @memoized
     def host_lengths(self) -> tuple[int, ...]:
         """Number of packed rows of every sample, on the host (may synchronize once)."""
+        if self._host_shapes is None and self._host_lengths_tensor is not None:
+            return tuple(self._host_lengths_tensor.tolist())  # a host tensor: no sync
         if self._num_ragged_dims == 1:
             return tuple(shape[0] for shape in self.host_shapes)
         return tuple(math.prod(shape) for shape in self.host_shapes)
 
-    def clamped_host_lengths(self, stop: int) -> tuple[int, ...] | list[int]:
-        """:attr:`host_lengths` with every length above ``stop`` cut to ``stop`` (the lengths of
-        ``x[:, :stop]``): the same tuple when no sample is longer, and at C speed for many
-        lengths already read into a host tensor."""
-        lengths = self.host_lengths
-        if self._max_shape is not None and self._max_shape[0] <= stop:
-            return lengths
+    def clamped(self, stop: int) -> RowPartition:
+        """The partition of ``x[:, :stop]`` for one ragged dim whose lengths the host knows:
+        every length above ``stop`` cut to ``stop``. Itself when no sample is longer; at C
+        speed for many lengths already read into a host tensor (they stay in one)."""
+        if self.max_shape[0] <= stop:  # (the host knows the lengths: no sync)
+            return self
         if self._host_lengths_tensor is not None:
-            return self._host_lengths_tensor.clamp(max=stop).tolist()  # a host tensor: no sync
-        return [n if n < stop else stop for n in lengths]
+            lengths = self._host_lengths_tensor.clamp(max=stop)  # a host tensor: no sync
+            return RowPartition.from_host_lengths_tensor(lengths, self._device, max_len=stop)
+        lengths = [n if n < stop else stop for n in self.host_lengths]
+        return RowPartition.from_host_lengths(lengths, self._device, max_len=stop)
 
     @memoized
     def host_offsets(self) -> tuple[int, ...]:
@@ -309,6 +325,9 @@ class RowPartition:
         if self._max_shape is not None:
             return self._max_shape
         if self._lengths_on_host and self.num_ragged_dims == 1:
+            if "host_lengths" not in self.__dict__ and self._host_lengths_tensor is not None:
+                read = self._host_lengths_tensor  # a host tensor: no sync
+                return (int(read.max()) if read.numel() else 0,)
             return (max(self.host_lengths, default=0),)
         if self._host_shapes is not None or self.batch_size == 0:
             shapes = self.host_shapes
@@ -320,6 +339,8 @@ class RowPartition:
     def total(self) -> int:
         """Total number of packed rows, on the host (may synchronize once)."""
         if self.knows_host_shapes:
+            if "host_lengths" not in self.__dict__ and self._host_lengths_tensor is not None:
+                return int(self._host_lengths_tensor.sum())  # a host tensor: no sync
             return sum(self.host_lengths)
         return int(self.offsets[-1])
 
@@ -374,15 +395,14 @@ class RowPartition:
     def _host_offsets(self, dtype: torch.dtype) -> Tensor:
         """The offsets from the host lengths, on the device: one host-to-device copy. Many
         lengths are summed by torch on the host (C speed) rather than by Python."""
-        lengths = self.host_lengths
-        if len(lengths) <= _FEW_SIZES:
+        if self._batch_size <= _FEW_SIZES:
             return self._host_tensor(self.host_offsets, dtype)
         if making_fake_tensors():
             return self._host_tensor(self.host_offsets, dtype, fake=True)
         read = self._host_lengths_tensor
         if read is None:
-            read = torch.frombuffer(array.array("q", lengths), dtype=torch.int64)
-        host = torch.zeros(len(lengths) + 1, dtype=dtype)
+            read = torch.frombuffer(array.array("q", self.host_lengths), dtype=torch.int64)
+        host = torch.zeros(self._batch_size + 1, dtype=dtype)
         torch.cumsum(read, 0, dtype=dtype, out=host[1:])
         return self._to_device(host)
 

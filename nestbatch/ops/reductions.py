@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, cached_layout, storage_dim
-from nestbatch.layouts import Layout
+from nestbatch.layouts import Layout, Padded
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
@@ -40,6 +40,7 @@ from nestbatch.ops.common import (
     torch_funcs,
     values_dim,
 )
+from nestbatch.ops.elementwise import elementwise
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import segment_reduce
 
@@ -289,8 +290,6 @@ def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
           moved_ragged=True)
 def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``max(x)``: a 0-d tensor; ``max(x, dim)``: ``(values, indices)``; ``max(x, y)``: maximum."""
-    from nestbatch.ops.elementwise import elementwise
-
     batch = args[0]
     other = _arg(args, kwargs, 1, "dim", kwargs.get("other"))
     name = func.__name__
@@ -381,8 +380,6 @@ def _pads_cheaply(batch: NestedBatch) -> bool:
 
 
 def _wrap_padded_with(data: Tensor, partition: Any, ragged_dim: int, filler: Any) -> NestedBatch:
-    from nestbatch.layouts import Padded
-
     return NestedBatch(Padded(data, partition=partition, padding_value=filler), ragged_dim)
 
 

@@ -42,6 +42,7 @@ from nestbatch.ops.common import (
     values_dim,
 )
 from nestbatch.ops.registry import register
+from nestbatch.selection import select_samples
 
 
 def _as_batches(items: Any, ref: NestedBatch) -> list[NestedBatch]:
@@ -261,8 +262,6 @@ def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
     NestedBatch
         ``B * reps[0]`` samples ``sample.repeat(*reps[1:])``, the ragged dim still at ``r``.
     """
-    from nestbatch.selection import select_samples
-
     k, rd = batch.num_ragged_dims, batch.ragged_dim
     ragged = tuple(range(1, k + 1)) if k > 1 else (rd,)
     if any(r < 0 for r in reps):
