@@ -52,7 +52,8 @@ def rows(batch: int, device: str):
     lengths, values, offsets, max_len, padded, mask = _setup(batch, device)
     total = values.shape[0]
     b = NestedBatch.from_lengths(values, lengths)
-    other = b.with_values(values + 1)
+    other_values = values + 1
+    other = b.with_values(other_values)
     b.padded()  # a realistic batch has its offsets cached
     fresh_values = values.clone()
     jagged = torch.ops.aten
@@ -125,7 +126,7 @@ def rows(batch: int, device: str):
             lambda fn=fn: fn(padded.masked_fill(~mask[..., None], float("-inf")), dim=1),
         )
     yield "torch.exp(b)", lambda: torch.exp(b), lambda: torch.exp(values)
-    yield "b + other", lambda: b + other, lambda: values + values
+    yield "b + other", lambda: b + other, lambda: values + other_values
     yield "b[:, :2]", lambda: b[:, :k], lambda: padded[:, :k]
     yield "b[:, -2:]", lambda: b[:, -k:], lambda: [s[-k:] for s in split]
     yield "b[index_tensor]", lambda: b[index], lambda: padded[index]
