@@ -174,9 +174,9 @@ def _grid_rows(offsets: Tensor, width: int) -> tuple[Tensor, int, int] | None:
     lengths = list(map(operator.sub, host[1:], host[:-1]))
     if lengths and not (0 <= min(lengths) and max(lengths) <= width):
         return None
-    starts = list(map(operator.mul, range(len(lengths)), itertools.repeat(width)))
-    rows = list(itertools.chain.from_iterable(map(range, starts, map(operator.add, starts,
-                                                                     lengths))))
+    starts = range(0, len(lengths) * width, width)
+    ends = map(operator.add, starts, lengths)
+    rows = list(itertools.chain.from_iterable(map(range, starts, ends)))
     listed = torch.frombuffer(array.array("q", rows), dtype=torch.int64) if rows else \
         torch.empty(0, dtype=torch.int64)
     return listed, host[0], host[-1]
