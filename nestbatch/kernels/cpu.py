@@ -174,7 +174,7 @@ def _grid_rows(offsets: Tensor, width: int) -> tuple[Tensor, int, int] | None:
     lengths = list(map(operator.sub, host[1:], host[:-1]))
     if lengths and not (0 <= min(lengths) and max(lengths) <= width):
         return None
-    starts = range(0, len(lengths) * width, width)
+    starts = range(0, len(lengths) * width, width) if width else (0,) * len(lengths)
     ends = map(operator.add, starts, lengths)
     rows = list(itertools.chain.from_iterable(map(range, starts, ends)))
     listed = torch.frombuffer(array.array("q", rows), dtype=torch.int64) if rows else \
