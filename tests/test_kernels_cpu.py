@@ -4,6 +4,7 @@ huge-page output buffers of :mod:`nestbatch.kernels.host_memory`."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from ragged_strategies import ALL_DTYPES, make_tensor
 from nestbatch import kernels
 from nestbatch.kernels import cpu, host_memory, operators
 
-# The settings forcing each path of the conversions (with LARGE_OUTPUT_BYTES at 0): whole-sample
+# The settings forcing each path of the conversions (with LARGE_OUTPUT_BYTES and
+# ONE_WRITE_PADDED_BYTES at 0): whole-sample
 # blocks, row indices computed with tensor ops, row indices listed on the host.
 PATHS = {
     "blocks": {"BLOCK_ROWS": 0, "LISTED_ROWS": -1},
@@ -33,6 +35,7 @@ def _take(patch, path: str) -> None:
 def every_size(monkeypatch):
     """Let small test inputs take the one-write path (normally for large outputs only)."""
     monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+    monkeypatch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
 
 
 def _lengths_and_offsets(lengths: list[int], index_dtype: torch.dtype):
@@ -77,6 +80,7 @@ def test_conversions_match_reference(case):
     max_len = max(lengths, default=0) + extra
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+        patch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
         _take(patch, path)
         padded = operators._packed_to_padded_cpu(values, offsets, max_len, fill)
         expected = operators._packed_to_padded_reference(values, offsets, max_len, fill)
@@ -132,6 +136,7 @@ def test_samples_longer_than_max_len_are_cut(monkeypatch, feature, one_write):
     # Long samples take the block paths (pad_sequence, or the one-write blocks).
     if one_write:
         monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+        monkeypatch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
     lengths = [1500, 200, 1000]
     values = torch.randn(sum(lengths), *feature)
     padded = kernels.packed_to_padded(values, _lengths_and_offsets(lengths, torch.int64), 1000, 0.5)
@@ -186,6 +191,25 @@ def operators_sample_inputs():
         (torch.ops.nestbatch.padded_to_packed, (padded, offsets, 9)),
         (torch.ops.nestbatch.fill_padding, (padded, offsets.diff(), 2.0)),
     ]
+
+
+@pytest.mark.parametrize(("batch", "max_len", "feature"), [(64, 256, (64,)), (64, 16384, ())])
+def test_medium_outputs_at_default_thresholds(batch, max_len, feature):
+    # 2-24 MB packed -> padded outputs of many samples take the one-write path at the real
+    # thresholds (row indices for short samples, blocks for long ones), few samples aten's.
+    generator = torch.Generator().manual_seed(1)
+    for samples in (batch, 8):
+        lengths = torch.randint(0, max_len + 1, (samples,), generator=generator).tolist()
+        lengths[-1] = max_len
+        offsets = _lengths_and_offsets(lengths, torch.int64)
+        values = torch.randn(sum(lengths), *feature, generator=generator)
+        padded = kernels.packed_to_padded(values, offsets, max_len, -2.0)
+        expected = torch.nn.utils.rnn.pad_sequence(
+            values.split(lengths), batch_first=True, padding_value=-2.0
+        )
+        _assert_same(padded, expected)
+    size = batch * max_len * math.prod(feature) * 4
+    assert cpu.ONE_WRITE_PADDED_BYTES <= size < cpu.LARGE_OUTPUT_BYTES
 
 
 @pytest.mark.parametrize("feature", [(64,), ()])
@@ -260,6 +284,7 @@ def test_out_receives_the_result(monkeypatch, path, offsets):
     if path in PATHS:  # the one-write path for large outputs
         _take(monkeypatch, path)
         monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+        monkeypatch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
     # Small outputs of long samples are copied into out= as blocks; those of short samples are
     # computed, then copied in.
     small_blocks = 0 if path == "small output, blocks" else 1 << 40
@@ -322,6 +347,7 @@ def test_gathers_match_reference(batch, sources, width, feature, dtype, index_dt
     fill = True if dtype == torch.bool else 3
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
+        patch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
         _assert_same(
             operators._indexing_access_cpu(data, indices, sizes, fill),
             operators._indexing_access_reference(data, indices, sizes, fill),
