@@ -13,17 +13,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ragged_strategies import ALL_DTYPES, make_tensor
 
+import nestbatch as nb
 from nestbatch import kernels
 from nestbatch.kernels import cpu, host_memory, operators
 
-# The settings forcing each path of the conversions (with LARGE_OUTPUT_BYTES and
-# ONE_WRITE_PADDED_BYTES at 0): whole-sample
+# The settings forcing each path of the conversions (with _force_one_write): whole-sample
 # blocks, row indices computed with tensor ops, row indices listed on the host.
 PATHS = {
     "blocks": {"BLOCK_ROWS": 0, "LISTED_ROWS": -1},
     "rows": {"BLOCK_ROWS": 1 << 40, "LISTED_ROWS": -1},
     "listed": {"LISTED_ROWS": 1 << 20, "LISTED_FROM_SAMPLES": 0},
 }
+
+
+def _force_one_write(patch) -> None:
+    """Let small test inputs take the one-write paths (normally for large outputs only)."""
+    for name in ("LARGE_OUTPUT_BYTES", "ONE_WRITE_PADDED_BYTES", "ONE_WRITE_FILL_BYTES",
+                 "ONE_WRITE_ACCESS_BYTES"):
+        patch.setattr(cpu, name, 0)
 
 
 def _take(patch, path: str) -> None:
@@ -34,8 +41,7 @@ def _take(patch, path: str) -> None:
 @pytest.fixture
 def every_size(monkeypatch):
     """Let small test inputs take the one-write path (normally for large outputs only)."""
-    monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
-    monkeypatch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
+    _force_one_write(monkeypatch)
 
 
 def _lengths_and_offsets(lengths: list[int], index_dtype: torch.dtype):
@@ -79,8 +85,7 @@ def test_conversions_match_reference(case):
         values = make_tensor((*feature, total), dtype, generator).movedim(-1, 0)
     max_len = max(lengths, default=0) + extra
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
-        patch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
+        _force_one_write(patch)
         _take(patch, path)
         padded = operators._packed_to_padded_cpu(values, offsets, max_len, fill)
         expected = operators._packed_to_padded_reference(values, offsets, max_len, fill)
@@ -135,8 +140,7 @@ def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
 def test_samples_longer_than_max_len_are_cut(monkeypatch, feature, one_write):
     # Long samples take the block paths (pad_sequence, or the one-write blocks).
     if one_write:
-        monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
-        monkeypatch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
+        _force_one_write(monkeypatch)
     lengths = [1500, 200, 1000]
     values = torch.randn(sum(lengths), *feature)
     padded = kernels.packed_to_padded(values, _lengths_and_offsets(lengths, torch.int64), 1000, 0.5)
@@ -283,8 +287,7 @@ def test_huge_pages_can_be_turned_off(monkeypatch):
 def test_out_receives_the_result(monkeypatch, path, offsets):
     if path in PATHS:  # the one-write path for large outputs
         _take(monkeypatch, path)
-        monkeypatch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
-        monkeypatch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
+        _force_one_write(monkeypatch)
     # Small outputs of long samples are copied into out= as blocks; those of short samples are
     # computed, then copied in.
     small_blocks = 0 if path == "small output, blocks" else 1 << 40
@@ -346,8 +349,7 @@ def test_gathers_match_reference(batch, sources, width, feature, dtype, index_dt
     sizes = sizes.to(index_dtype)
     fill = True if dtype == torch.bool else 3
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu, "LARGE_OUTPUT_BYTES", 0)
-        patch.setattr(cpu, "ONE_WRITE_PADDED_BYTES", 0)
+        _force_one_write(patch)
         _assert_same(
             operators._indexing_access_cpu(data, indices, sizes, fill),
             operators._indexing_access_reference(data, indices, sizes, fill),
@@ -470,3 +472,31 @@ def test_selection_paths_check_every_index_they_touch(bad):
     with torch.enable_grad():  # autograd records the call: the reference's job
         grad_data = data.clone().requires_grad_()
         assert cpu.call_validating("indexing_access", (grad_data, good, sizes, 0.0)) is None
+
+
+def test_access_and_fill_padding_at_default_thresholds():
+    # Outputs past ONE_WRITE_ACCESS_BYTES / ONE_WRITE_FILL_BYTES take the one-write paths at the
+    # real thresholds (the gather's path checks no index itself: the public call still raises).
+    generator = torch.Generator().manual_seed(2)
+    batch, entries, slots, feature = 64, 64, 32, 64
+    data = torch.randn(batch, entries, feature, generator=generator)
+    indices = torch.randint(-entries, entries, (batch, slots), generator=generator)
+    sizes = torch.randint(0, slots + 1, (batch,), generator=generator)
+    assert batch * slots * feature * 4 >= cpu.ONE_WRITE_ACCESS_BYTES
+    out = nb.batched_indexing_access(data, nb.RaggedBatch(indices, sample_sizes=sizes)).tensor
+    for b in range(batch):
+        n = int(sizes[b])
+        assert torch.equal(out[b, :n], data[b, indices[b, :n]])
+        assert bool((out[b, n:] == 0).all())
+    indices[5, 0], sizes[5] = entries, slots
+    with pytest.raises(IndexError):
+        nb.batched_indexing_access(data, nb.RaggedBatch(indices, sample_sizes=sizes))
+
+    padded = torch.randn(256, 64, feature, generator=generator)
+    lengths = torch.randint(0, 65, (256,), generator=generator)
+    assert padded.numel() * 4 >= cpu.ONE_WRITE_FILL_BYTES
+    filled = kernels.fill_padding(padded, lengths, 0.5)
+    expected = padded.clone()
+    for b, n in enumerate(lengths.tolist()):
+        expected[b, n:] = 0.5
+    _assert_same(filled, expected)

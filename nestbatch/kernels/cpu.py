@@ -52,19 +52,25 @@ __all__ = [
     "call_validating",
 ]
 
-#: Padded outputs from this size on take the one-write path; smaller ones are built by the
-#: reference (``pad_sequence``'s C++ loop, or a gather), whose fixed costs are lower while the C
-#: allocator still serves them from reused memory instead of fresh pages. Measured on 2 cores:
-#: the reference is 1.3x faster at 16 MB, the one-write path 1.2x faster at 24 MB and 2.2x at
-#: 32 MB.
+#: Outputs from this size on are too large for aten's jagged kernels (few samples) to beat the
+#: one-write paths below. Measured on 2 cores, B <= 16: aten's kernel is 1.05-2.7x faster than
+#: the one-write path at 1-16 MB.
 LARGE_OUTPUT_BYTES = 24 << 20
 
-#: packed -> padded outputs from this size on take the one-write path instead of the
-#: reference (aten's kernel, for few samples, keeps :data:`LARGE_OUTPUT_BYTES`). Measured on 2
-#: cores, B=32-2048 samples of L/2-L rows (L=16-256) of 16 or 64 floats: at 2-128 MB the
-#: one-write path is 1.0-10x faster (2-6x typical), at 512 KB - 1 MB 0.55-4x, below 256 KB the
-#: reference 1.1-1.25x faster.
+#: Each operator's one-write path (every output element written once, into memory advised as
+#: huge pages when large) replaces its reference from this output size on; smaller outputs keep
+#: the reference, whose fixed costs are lower. Measured on 2 cores, B=32-16384 samples, rows of
+#: 8-64 floats: packed -> padded is 1.0-10x faster (2-6x typical) from 2 MB on and 0.55-4x at
+#: 0.5-1 MB; fill_padding 1.6-2.6x from 4 MB on and 0.5-1.7x at 1-2 MB.
 ONE_WRITE_PADDED_BYTES = 2 << 20
+ONE_WRITE_FILL_BYTES = 4 << 20
+
+#: ``indexing_access`` outputs from this size on take its one-write path (one row gather of the
+#: flattened data), smaller ones the selection path (:data:`GATHER_SELECTION_SLOTS`), whose
+#: ``gather`` checks the indices itself. Measured on 2 cores, ``batched_indexing_access`` with
+#: its bounds check: the one-write path is 1.07-1.24x faster at 256 KB, 1.7-2.8x at 0.5-1 MB;
+#: the selection path 1.2-2x faster at 16-64 KB.
+ONE_WRITE_ACCESS_BYTES = 256 << 10
 
 #: Samples averaging at least this many rows are copied as whole blocks; shorter ones through a
 #: row index. Measured on 2 cores: at 770 rows of 1 KiB the index path is 1.3x faster, at 100k
@@ -313,7 +319,7 @@ def fill_padding(data: Tensor, sizes: Tensor, value: Number, reference) -> Tenso
     on the CPU). ``reference`` computes the same thing where this path does not apply."""
     if not _applies(data, sizes):
         return reference(data, sizes, value)
-    if data.numel() * data.element_size() < LARGE_OUTPUT_BYTES:
+    if data.numel() * data.element_size() < ONE_WRITE_FILL_BYTES:
         return reference(data, sizes, value)
     batch, width = data.shape[:2]
     lengths = sizes.long().clamp(0, width)
@@ -334,7 +340,7 @@ def indexing_access(
         return _select_access(data, indices, sizes, filler_value)
     batch, width = indices.shape
     shape = (batch, width, *data.shape[2:])
-    large = math.prod(shape) * data.element_size() >= LARGE_OUTPUT_BYTES
+    large = math.prod(shape) * data.element_size() >= ONE_WRITE_ACCESS_BYTES
     if not (large and data.shape[1] > 0 and _applies(data, indices)):
         return reference(data, indices, sizes, filler_value)
     valid = sizes_mask(sizes.long(), width)
@@ -385,7 +391,8 @@ def _access_selects(data: Tensor, indices: Tensor) -> bool:
     slots = indices.numel()
     shape = data.shape
     return (shape[1] > 0 and slots * math.prod(shape[2:]) * data.element_size()
-            < LARGE_OUTPUT_BYTES and _selects(slots, data, indices, limit=GATHER_SELECTION_SLOTS))
+            < ONE_WRITE_ACCESS_BYTES and _selects(slots, data, indices,
+                                                  limit=GATHER_SELECTION_SLOTS))
 
 
 def _valid_slots(sizes: Tensor, width: int) -> tuple[Tensor, Tensor]:
