@@ -500,3 +500,26 @@ def test_access_and_fill_padding_at_default_thresholds():
     for b, n in enumerate(lengths.tolist()):
         expected[b, n:] = 0.5
     _assert_same(filled, expected)
+
+
+@pytest.mark.parametrize("feature", [1, 64])
+def test_write_both_sides_of_its_selection_limit(feature):
+    # 2048 slots of 1 float take the selection path, of 64 floats (512 KB) the reference.
+    generator = torch.Generator().manual_seed(3)
+    batch, entries, slots = 64, 64, 32
+    into = torch.randn(batch, entries, feature, generator=generator)
+    indices = torch.stack([torch.randperm(entries, generator=generator)[:slots]
+                           for _ in range(batch)])
+    sizes = torch.randint(0, slots + 1, (batch,), generator=generator)
+    to_write = torch.randn(batch, slots, feature, generator=generator)
+    selects = batch * slots * feature * 4 <= cpu.WRITE_SELECTION_BYTES
+    assert selects == (feature == 1)
+    out = nb.batched_indexing_write(to_write, nb.RaggedBatch(indices, sample_sizes=sizes), into)
+    expected = into.clone()
+    for b in range(batch):
+        n = int(sizes[b])
+        expected[b, indices[b, :n]] = to_write[b, :n]
+    assert torch.equal(out, expected)
+    indices[7, 0], sizes[7] = entries, slots
+    with pytest.raises(IndexError):
+        nb.batched_indexing_write(to_write, nb.RaggedBatch(indices, sample_sizes=sizes), into)

@@ -362,8 +362,16 @@ def indexing_access(
 #: devices: dummy rows, ``where``, ``scatter``) take 9-14. At small sizes each op costs 2-4 us of
 #: host time, which is the whole cost of a call. A selection path reads and writes only the
 #: valid slots, through ``gather`` or advanced indexing, which check every index in C++: see
-#: :func:`call_validating`.
-SELECTION_SLOTS = 1 << 14
+#: :func:`call_validating`. Measured on 2 cores (``batched_indexing_write``,
+#: ``get_mask_from_indices``): 1.15-1.6x faster than the references up to 2048 slots, even at
+#: 4096, 1.1-1.5x slower from 8192 on.
+SELECTION_SLOTS = 1 << 12
+
+#: ``indexing_write`` also keeps its selection path only while the rows it writes (slots times
+#: the bytes of a row) fit in this many bytes: its advanced-index assignment slows down with
+#: the rows' size (measured on 2 cores: 1.15-1.5x faster than the reference at 128 KB, even at
+#: 256 KB, 3x slower at 1 MB).
+WRITE_SELECTION_BYTES = 128 << 10
 
 #: The gathers (``indexing_access``) and the writes into a fresh or cloned target from a
 #: gathered source (``inverse_indexing_access``, ``index_mapping``) keep the selection path up
@@ -385,6 +393,12 @@ def _selects(slots: int, *tensors: Tensor, limit: int | None = None) -> bool:
             if tensor.requires_grad:
                 return False
     return True
+
+
+def _write_selects(to_write: Tensor, indices: Tensor, into: Tensor) -> bool:
+    slots = indices.numel()
+    row_bytes = math.prod(to_write.shape[2:]) * to_write.element_size()
+    return slots * row_bytes <= WRITE_SELECTION_BYTES and _selects(slots, to_write, indices, into)
 
 
 def _access_selects(data: Tensor, indices: Tensor) -> bool:
@@ -450,8 +464,8 @@ def _select_to_mask(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
 _SELECTION_PATHS = {
     "indexing_access": (lambda data, indices, *_: _access_selects(data, indices),
                         _select_access),
-    "indexing_write": (lambda to_write, indices, sizes, into: _selects(
-        indices.numel(), to_write, indices, into), _select_write),
+    "indexing_write": (lambda to_write, indices, sizes, into: _write_selects(
+        to_write, indices, into), _select_write),
     "inverse_indexing_access": (lambda data, indices, *_: _selects(
         indices.numel(), data, indices, limit=GATHER_SELECTION_SLOTS), _select_inverse),
     "index_mapping": (lambda source, source_indices, target_indices, sizes, target: _selects(
