@@ -191,23 +191,14 @@ def packed_to_padded(
     partition = packed.partition
     # The batch's own maximum needs no resolving (the common case: fewer Python layers).
     shape = partition.max_shape if max_shape is None else resolve_padded_shape(partition, max_shape)
-    if partition.num_ragged_dims == 1:  # packed_values_to_padded's operator, one layer fewer
-        data = kernels.call(
-            "packed_to_padded", packed.values, partition.offsets, shape[0], padding_value
-        )
-    else:
-        data = reference_packed_values_to_padded(packed.values, partition, shape, padding_value)
+    data = packed_values_to_padded(packed.values, partition, shape, padding_value)
     return Padded.trusted(data, partition, padding_value)
 
 
 def padded_to_packed(padded: Padded) -> Packed:
     """Convert a :class:`Padded` batch to a :class:`Packed` one (sharing its partition)."""
-    partition = padded.partition
-    if partition.num_ragged_dims == 1:  # padded_data_to_packed's operator, one layer fewer
-        values = kernels.call("padded_to_packed", padded.data, partition.offsets, partition.total)
-    else:
-        values = reference_padded_data_to_packed(padded.data, partition)
-    return Packed.trusted(values, partition)
+    values = padded_data_to_packed(padded.data, padded.partition)
+    return Packed.trusted(values, padded.partition)
 
 
 def refill_padding(padded: Padded, padding_value: float) -> Padded:
