@@ -135,6 +135,8 @@ class RowPartition:
             known["max_shape"] = partition._max_shape
         if traceable:
             if len(lengths) <= _FEW_SIZES and not making_fake_tensors():
+                # _host_offsets' case of few sizes, inline (every small batch takes it), with
+                # the host offsets kept.
                 known["host_offsets"] = host = (0, *itertools.accumulate(lengths))
                 host_tensor = torch.frombuffer(array.array("q", host), dtype=torch.int64)
                 known["offsets"] = partition._to_device(host_tensor)
@@ -149,7 +151,8 @@ class RowPartition:
         """:meth:`from_host_lengths` from lengths held in a 1-d int64 CPU tensor (read without
         a sync), kept as it is: the tuple :attr:`host_lengths`, the total, the maximum and the
         offsets are derived from it on first use, at C speed (thousands of samples cost a few
-        microseconds instead of a list of Python ints)."""
+        microseconds instead of a list of Python ints). Not checked: the caller vouches for the
+        lengths (non-negative; ``max_len``, when given, the largest)."""
         partition = cls._one_ragged_dim(device, lengths.shape[0], max_len)
         partition._lengths_on_host = True
         partition._host_lengths_tensor = lengths
