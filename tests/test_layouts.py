@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from nestbatch.layouts import Packed, Padded, RowPartition, TensorList
@@ -85,3 +86,27 @@ def test_clamped_partition_cuts_every_longer_sample():
             assert clamped.total == sum(min(n, 4) for n in lengths)
             assert clamped.max_shape == (max(min(n, 4) for n in lengths),)
             assert partition.clamped(11) is partition  # no sample is longer
+
+
+def test_tensor_list_of_uniform_samples_matches_the_general_path():
+    # Uniform samples (one dtype, device, number of dims and feature shape) skip normalizing
+    # and converting; the result is the same as through the general path.
+    samples = [torch.randn(n, 3, 2) for n in (2, 0, 5, 1)]
+    for ragged_dims, shapes in ((1, ((2,), (0,), (5,), (1,))),
+                                (2, ((2, 3), (0, 3), (5, 3), (1, 3)))):
+        for kwargs in ({}, {"dtype": torch.float32, "device": "cpu"}):
+            listed = TensorList(samples, ragged_dims, **kwargs)
+            assert listed.partition.host_shapes == shapes
+            assert listed.feature_shape == (3, 2)[ragged_dims - 1:]
+            assert all(a is b for a, b in zip(listed.tensors, samples))  # kept as given
+    converted = TensorList(samples, dtype=torch.float64)
+    assert converted.dtype == torch.float64 and converted.tensors[0].dtype == torch.float64
+    # Not uniform: an empty sample of another shape is normalized, a mismatch explained.
+    mixed = TensorList([torch.randn(2, 4), torch.tensor([]), torch.randn(1, 4)])
+    assert mixed.partition.host_shapes == ((2,), (0,), (1,)) and mixed.tensors[1].shape == (0, 4)
+    with pytest.raises(ValueError, match="same feature shape"):
+        TensorList([torch.randn(2, 4), torch.randn(1, 5)])
+    with pytest.raises(TypeError, match="mixed dtypes"):
+        TensorList([torch.randn(2, 4), torch.randn(1, 4).double()])
+    with pytest.raises(TypeError, match=r"tensors\[1\]"):
+        TensorList([torch.randn(2, 4), [1.0, 2.0]])

@@ -50,7 +50,8 @@ def to_padded(
         check_filler(padding_value, layout.dtype)
     if type(layout) is Packed and padding_side == "right":
         return packed_to_padded(layout, padding_value, max_shape)  # the common case, first
-    check_padding_side(padding_side, layout.partition.num_ragged_dims)
+    if padding_side != "right":  # (right padding suits every batch)
+        check_padding_side(padding_side, layout.partition.num_ragged_dims)
     if isinstance(layout, Padded):
         layout = to_side(layout, "right")  # the conversions are written for right padding
         if max_shape is None:

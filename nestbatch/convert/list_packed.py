@@ -17,11 +17,13 @@ def list_to_packed(tensor_list: TensorList) -> Packed:
         values = torch.empty(
             (0, *feature), dtype=tensor_list.dtype, device=tensor_list.device
         )
+    elif tensor_list.num_ragged_dims == 1:
+        values = torch.cat(tensor_list.tensors)  # samples are (rows, *feature) already
     else:
         # Row counts are explicit: with a zero-size feature, -1 would be ambiguous.
         rows = tensor_list.partition.host_lengths
         values = torch.cat([t.reshape(n, *feature) for t, n in zip(tensor_list.tensors, rows)])
-    return Packed(values, partition=tensor_list.partition)
+    return Packed.trusted(values, tensor_list.partition)
 
 
 def packed_to_list(packed: Packed) -> TensorList:

@@ -31,7 +31,7 @@ def list_to_padded(
         data = pad_sequence(
             list(tensor_list.tensors), batch_first=True, padding_value=padding_value
         )
-        return Padded(data, partition=tensor_list.partition, padding_value=padding_value)
+        return Padded.trusted(data, tensor_list.partition, padding_value)
     return packed_to_padded(list_to_packed(tensor_list), padding_value, max_shape)
 
 

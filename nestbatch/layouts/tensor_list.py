@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter, itemgetter
 
 import torch
 from torch import Tensor
@@ -54,7 +55,9 @@ class TensorList(RaggedLayout):
         feature_shape: Sequence[int] = (),
         partition: RowPartition | None = None,
     ) -> None:
-        if isinstance(tensors, Tensor) or not isinstance(tensors, Sequence):
+        if type(tensors) not in (list, tuple) and (  # (the ABC check costs ~1 us: not first)
+            isinstance(tensors, Tensor) or not isinstance(tensors, Sequence)
+        ):
             raise TypeError(
                 f"tensors must be a list or tuple of tensors, got {type(tensors).__name__}"
             )
@@ -65,17 +68,20 @@ class TensorList(RaggedLayout):
             )
         if num_ragged_dims < 1:
             raise ValueError(f"num_ragged_dims must be >= 1, got {num_ragged_dims}")
-        tensors = normalize_empty_samples(tensors, num_ragged_dims)
-        dtype, device = common_dtype_device(tensors, dtype, device, "tensors")
-        tensors = [
-            t if t.dtype == dtype and t.device == device else t.to(device=device, dtype=dtype)
-            for t in tensors
-        ]
-        check_same_feature_shape([t.shape for t in tensors], num_ragged_dims, "tensors")
+        uniform = _uniform_samples(tensors, num_ragged_dims, dtype, device)
+        if uniform is not None:  # the common case: nothing to normalize or convert
+            dtype, device, shapes = uniform
+        else:
+            tensors = normalize_empty_samples(tensors, num_ragged_dims)
+            dtype, device = common_dtype_device(tensors, dtype, device, "tensors")
+            tensors = [
+                t if t.dtype == dtype and t.device == device else t.to(device=device, dtype=dtype)
+                for t in tensors
+            ]
+            shapes = [t.shape for t in tensors]
+            check_same_feature_shape(shapes, num_ragged_dims, "tensors")
         if partition is None:
-            partition = RowPartition.from_host_shapes(
-                [t.shape[:num_ragged_dims] for t in tensors], num_ragged_dims, device
-            )
+            partition = _partition_of(shapes, num_ragged_dims, device)
         self.tensors = tuple(tensors)
         self.partition = partition
         self._dtype = dtype
@@ -108,3 +114,49 @@ class TensorList(RaggedLayout):
 
     def __iter__(self):
         return iter(self.tensors)
+
+
+_DTYPE, _DEVICE, _SHAPE, _FIRST = attrgetter("dtype"), attrgetter("device"), attrgetter("shape"), \
+    itemgetter(0)
+
+
+def _uniform_samples(
+    tensors: Sequence[object], num_ragged_dims: int, dtype: torch.dtype | None,
+    device: torch.device | str | None,
+) -> tuple[torch.dtype, torch.device, list[torch.Size]] | None:
+    """``(dtype, device, shapes)`` of samples that need nothing normalized or converted: all
+    tensors, of one dtype and device (those asked for, if any), with the same number of dims (at
+    least ``num_ragged_dims``) and the same feature shape. ``None`` otherwise: the general path
+    then normalizes, converts, or explains what is wrong.
+
+    Each test is one pass at C speed (``map`` over the samples): a list of 1000 samples costs
+    tens of microseconds here instead of milliseconds of per-sample Python.
+    """
+    if not tensors or not all(issubclass(kind, Tensor) for kind in set(map(type, tensors))):
+        return None
+    dtypes, devices = set(map(_DTYPE, tensors)), set(map(_DEVICE, tensors))
+    if len(dtypes) != 1 or len(devices) != 1:
+        return None
+    (common_dtype,), (common_device,) = dtypes, devices
+    if (dtype is not None and dtype != common_dtype) or (
+        device is not None and torch.device(device) != common_device
+    ):
+        return None
+    shapes = list(map(_SHAPE, tensors))
+    ndims = set(map(len, shapes))
+    if len(ndims) != 1 or min(ndims) < num_ragged_dims:
+        return None
+    for dim in range(num_ragged_dims, min(ndims)):  # one feature dim at a time: ints, no slices
+        if len(set(map(itemgetter(dim), shapes))) != 1:
+            return None
+    return common_dtype, common_device, shapes
+
+
+def _partition_of(
+    shapes: Sequence[torch.Size], num_ragged_dims: int, device: torch.device
+) -> RowPartition:
+    """The partition of samples of ``shapes``, known on the host."""
+    if num_ragged_dims == 1:
+        return RowPartition.from_host_lengths(list(map(_FIRST, shapes)), device)
+    ragged = [shape[:num_ragged_dims] for shape in shapes]
+    return RowPartition.from_host_shapes(ragged, num_ragged_dims, device)
