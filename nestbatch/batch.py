@@ -123,7 +123,7 @@ class NestedBatch(TensorMethods):
         dtype, device : optional
             Convert every sample; required if the samples' dtypes or devices differ.
         """
-        return cls(TensorList(tensors, num_ragged_dims, dtype=dtype, device=device))
+        return cls.trusted(TensorList(tensors, num_ragged_dims, dtype=dtype, device=device))
 
     @classmethod
     def from_lengths(

@@ -22,11 +22,12 @@ def list_to_padded(
     copy kernel per sample, which is what makes it fast for many small samples. On the CPU, with
     one ragged dim, ``pad_sequence`` copies each sample once in a C++ loop, which is faster still.
     """
+    partition = tensor_list.partition
     if (
-        tensor_list.device.type == "cpu"
-        and tensor_list.num_ragged_dims == 1
-        and tensor_list.batch_size > 0
-        and max_shape is None
+        max_shape is None
+        and partition.num_ragged_dims == 1
+        and partition.batch_size > 0
+        and partition.device.type == "cpu"
     ):
         data = pad_sequence(
             list(tensor_list.tensors), batch_first=True, padding_value=padding_value
