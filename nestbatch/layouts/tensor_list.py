@@ -118,6 +118,7 @@ class TensorList(RaggedLayout):
 
 _DTYPE, _DEVICE, _SHAPE, _FIRST = attrgetter("dtype"), attrgetter("device"), attrgetter("shape"), \
     itemgetter(0)
+_PLAIN_TENSOR = {Tensor}
 
 
 def _uniform_samples(
@@ -125,14 +126,14 @@ def _uniform_samples(
     device: torch.device | str | None,
 ) -> tuple[torch.dtype, torch.device, list[torch.Size]] | None:
     """``(dtype, device, shapes)`` of samples that need nothing normalized or converted: all
-    tensors, of one dtype and device (those asked for, if any), with the same number of dims (at
-    least ``num_ragged_dims``) and the same feature shape. ``None`` otherwise: the general path
-    then normalizes, converts, or explains what is wrong.
+    plain tensors (not subclasses), of one dtype and device (those asked for, if any), with the
+    same number of dims (at least ``num_ragged_dims``) and the same feature shape. ``None``
+    otherwise: the general path then normalizes, converts, or explains what is wrong.
 
     Each test is one pass at C speed (``map`` over the samples): a list of 1000 samples costs
     tens of microseconds here instead of milliseconds of per-sample Python.
     """
-    if not tensors or not all(issubclass(kind, Tensor) for kind in set(map(type, tensors))):
+    if not tensors or not set(map(type, tensors)) <= _PLAIN_TENSOR:  # (subclasses: general path)
         return None
     dtypes, devices = set(map(_DTYPE, tensors)), set(map(_DEVICE, tensors))
     if len(dtypes) != 1 or len(devices) != 1:
