@@ -523,3 +523,17 @@ def test_write_both_sides_of_its_selection_limit(feature):
     indices[7, 0], sizes[7] = entries, slots
     with pytest.raises(IndexError):
         nb.batched_indexing_write(to_write, nb.RaggedBatch(indices, sample_sizes=sizes), into)
+
+
+def test_one_write_access_of_unchecked_indices_matches_the_reference(monkeypatch):
+    # check_bounds=False promises in-range indices; a broken promise reads a clamped row of the
+    # sample itself on every CPU path (never another sample's row).
+    _force_one_write(monkeypatch)
+    monkeypatch.setattr(cpu, "GATHER_SELECTION_SLOTS", -1)
+    data = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 3, 2)
+    indices = torch.tensor([[5, -4, 1], [3, 0, 9]])
+    sizes = torch.tensor([3, 2])
+    out = kernels.indexing_access(data, indices, sizes, -1.0, check_bounds=False)
+    expected = operators._indexing_access_reference(data, indices, sizes, -1.0)
+    _assert_same(out, expected)
+    assert out[0, 0].tolist() == data[0, 2].tolist() and out[1, 0].tolist() == data[1, 2].tolist()

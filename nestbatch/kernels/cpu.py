@@ -344,8 +344,10 @@ def indexing_access(
     if not (large and data.shape[1] > 0 and _applies(data, indices)):
         return reference(data, indices, sizes, filler_value)
     valid = sizes_mask(sizes.long(), width)
-    # Padded slots may hold any index: read row 0 of their sample, then overwrite them.
-    rows = torch.where(valid, indices.long(), 0)
+    # Padded slots may hold any index: read row 0 of their sample, then overwrite them. Valid
+    # slots out of range (unchecked callers) read the clamped row of their own sample, as the
+    # reference does, never another sample's.
+    rows = torch.where(valid, indices.long().clamp(0, data.shape[1] - 1), 0)
     rows += torch.arange(batch).unsqueeze(1) * data.shape[1]
     flat = data.reshape(batch * data.shape[1], *data.shape[2:])
     out = empty_for_write(shape, like=data)
