@@ -12,8 +12,10 @@ from ragged_strategies import (
     reference_packed,
     reference_padded,
 )
+from torch.nn.utils.rnn import pad_sequence
 
 from nestbatch import convert
+from nestbatch.convert import list_padded
 from nestbatch.layouts import Layout, Packed, Padded, TensorList
 
 
@@ -178,3 +180,19 @@ def test_padded_slots_get_zero_gradient():
     packed.values.sum().backward()
     assert torch.equal(data.grad, Padded(data, torch.tensor([3, 0, 1])).mask[..., None]
                        .expand_as(data).double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_list_to_padded_takes_either_cpu_route_with_the_same_result(dtype):
+    # Many small samples go through the packed rows, few or large ones through pad_sequence.
+    generator = torch.Generator().manual_seed(4)
+    for batch, feature in ((list_padded.PACKED_ROUTE_SAMPLES, 3), (8, 3), (64, 2048)):
+        lengths = torch.randint(0, 6, (batch,), generator=generator).tolist()
+        samples = [(torch.randn(n, feature, generator=generator) * 4).to(dtype) for n in lengths]
+        listed = TensorList(samples)
+        assert list_padded._packed_route_pays(listed) == (feature == 3 and batch >= 64)
+        filler = True if dtype == torch.bool else 7
+        padded = list_padded.list_to_padded(listed, filler)
+        expected = pad_sequence(samples, batch_first=True, padding_value=filler)
+        assert padded.data.dtype == dtype and torch.equal(padded.data, expected)
+        assert padded.padding_value == filler
