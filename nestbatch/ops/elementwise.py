@@ -101,7 +101,7 @@ def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, li
     the same feature dims, beside scalars only (no keyword tensors). Returns the first batch
     and the arguments with every batch replaced by its packed values; None otherwise (the
     general path then broadcasts and checks)."""
-    if args and isinstance(args[0], Number):
+    if args and not isinstance(args[0], NestedBatch) and isinstance(args[0], Number):
         return None  # torch.sub(3, x): the general path makes the number a tensor
     ref = None
     values = []
@@ -109,11 +109,12 @@ def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, li
         if isinstance(a, NestedBatch):
             if a.ragged_dim != 1:
                 return None
+            stored = a.values
             if ref is None:
-                ref = a
-            elif a.partition is not ref.partition or a.dim() != ref.dim():
-                return None
-            values.append(a.values)
+                ref, ref_ndim = a, stored.dim()
+            elif a.partition is not ref.partition or stored.dim() != ref_ndim:
+                return None  # (one partition: the same dims exactly when the values' are)
+            values.append(stored)
         elif isinstance(a, Tensor) and a.dim() > 0:
             return None
         else:
