@@ -328,8 +328,8 @@ class RowPartition:
         if self._max_shape is not None:
             return self._max_shape
         if self._lengths_on_host and self.num_ragged_dims == 1:
-            if "host_lengths" not in self.__dict__ and self._host_lengths_tensor is not None:
-                read = self._host_lengths_tensor  # a host tensor: no sync
+            read = self._host_lengths_tensor  # a host tensor, when there is one: no sync
+            if read is not None:
                 return (int(read.max()) if read.numel() else 0,)
             return (max(self.host_lengths, default=0),)
         if self._host_shapes is not None or self.batch_size == 0:
@@ -342,7 +342,7 @@ class RowPartition:
     def total(self) -> int:
         """Total number of packed rows, on the host (may synchronize once)."""
         if self.knows_host_shapes:
-            if "host_lengths" not in self.__dict__ and self._host_lengths_tensor is not None:
+            if self._host_lengths_tensor is not None:
                 return int(self._host_lengths_tensor.sum())  # a host tensor: no sync
             return sum(self.host_lengths)
         return int(self.offsets[-1])
