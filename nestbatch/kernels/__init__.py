@@ -60,13 +60,12 @@ def call(name: str, *args: object) -> object:
     custom-op dispatch (about 50 us a call).
     """
     first = args[0]
-    fake = isinstance(first, FakeTensor)
-    if first.is_cpu and not fake and not torch.compiler.is_compiling():  # _runs_on_host, inline
-        return _CPU[name](*args)
-    if fake or torch.compiler.is_compiling():
+    if isinstance(first, FakeTensor) or torch.compiler.is_compiling():
         return getattr(_ops, name)(*args)
-    if first.is_cuda and not _autograd_records(args):
-        kernel = _compiled_kernel(name, args)
+    if first.is_cpu:  # _runs_on_host, inline
+        return _CPU[name](*args)
+    if first.is_cuda:
+        kernel = _direct_kernel(name, args)
         if kernel is not None:
             return kernel(*args)
     return getattr(_ops, name)(*args)
@@ -97,33 +96,31 @@ def runs_compiled(args: tuple) -> bool:
         first.is_cuda
         and not isinstance(first, FakeTensor)
         and not torch.compiler.is_compiling()
-        and _operators.compiled_ops() is not None
+        and load_extension()
         and _operators.kernels_cover(args)
     )
 
 
-def _autograd_records(args: tuple) -> bool:
-    """Whether autograd would record the operator (its backward formula is needed)."""
-    return torch.is_grad_enabled() and any(
-        isinstance(a, Tensor) and a.requires_grad for a in args
-    )
+def _direct_kernel(name: str, args: tuple):
+    """The compiled CUDA kernel of operator ``name`` when it covers ``args`` (their dtypes) and
+    autograd has nothing to record, else ``None``.
 
-
-def _compiled_kernel(name: str, args: tuple):
-    """The compiled CUDA kernel ``torch.ops.nestbatch_cuda.<name>`` when it covers ``args``.
-
-    Called straight through the C++ dispatcher when autograd has nothing to record: the same
-    kernel the operator would run, without the Python layers of ``torch.library.custom_op``
-    (about 15 us a call, the kernel's own time at small sizes).
+    Called straight through the C++ dispatcher: the same kernel the operator would run, without
+    the Python layers of ``torch.library.custom_op`` (about 15 us a call, the kernel's own time
+    at small sizes). One pass over ``args`` without generator frames: every CUDA call pays it.
     """
-    compiled = _operators.compiled_ops()
-    if compiled is None or not _operators.kernels_cover(args):
-        return None
-    return getattr(compiled, name)
+    grad = torch.is_grad_enabled()
+    for arg in args:
+        if isinstance(arg, Tensor) and (
+            arg.dtype not in _KERNEL_DTYPES or (grad and arg.requires_grad)
+        ):
+            return None
+    return _operators.compiled_kernel(name)
 
 
 _run = call
 _CPU = _operators.CPU_IMPLEMENTATIONS
+_KERNEL_DTYPES = _operators.KERNEL_DTYPES
 
 
 # ---------------------------------------------------------------------------------- validation

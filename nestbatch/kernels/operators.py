@@ -32,6 +32,7 @@ from nestbatch.kernels.extension import load_extension
 
 __all__ = [
     "CPU_IMPLEMENTATIONS",
+    "KERNEL_DTYPES",
     "bool_compaction_op",
     "fill_padding_op",
     "index_mapping_op",
@@ -45,9 +46,22 @@ __all__ = [
 ]
 
 
-def compiled_ops():
-    """``torch.ops.nestbatch_cuda`` when the CUDA extension is loaded, else ``None``."""
-    return torch.ops.nestbatch_cuda if load_extension() else None
+_COMPILED_ENTRY_POINTS: dict = {}
+
+
+def compiled_kernel(name: str):
+    """The C++ entry point of ``torch.ops.nestbatch_cuda.<name>`` (its one overload, resolved
+    once) when the CUDA extension is loaded, else ``None``.
+
+    Called like the operator, through the C++ dispatcher (dispatch modes and CUDA-graph capture
+    see it), without the Python layers of the overload packet.
+    """
+    if not load_extension():
+        return None
+    kernel = _COMPILED_ENTRY_POINTS.get(name)
+    if kernel is None:
+        kernel = _COMPILED_ENTRY_POINTS[name] = getattr(torch.ops.nestbatch_cuda, name).default._op
+    return kernel
 
 
 def _define(name: str, reference_impl, cpu_impl=None):
@@ -61,24 +75,22 @@ def _define(name: str, reference_impl, cpu_impl=None):
 
     @op.register_kernel("cuda")
     def _(*args):
-        ops = compiled_ops()
-        if ops is None or not kernels_cover(args):
-            return reference_impl(*args)
-        return getattr(ops, name)(*args)
+        kernel = compiled_kernel(name) if kernels_cover(args) else None
+        return reference_impl(*args) if kernel is None else kernel(*args)
 
     return op
 
 
 # What the kernels' dtype dispatch covers (AT_ALL_TYPES plus Half, BFloat16 and Bool); other
 # dtypes (complex, unsigned 16-64 bit, float8) run the PyTorch implementation on the GPU.
-_KERNEL_DTYPES = frozenset({
+KERNEL_DTYPES = frozenset({
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
 })
 
 
 def kernels_cover(args: tuple) -> bool:
-    return all(a.dtype in _KERNEL_DTYPES for a in args if isinstance(a, Tensor))
+    return all(a.dtype in KERNEL_DTYPES for a in args if isinstance(a, Tensor))
 
 
 def _accumulate_rows(grad: Tensor, indices: Tensor, sizes: Tensor, num_sources: int) -> Tensor:
