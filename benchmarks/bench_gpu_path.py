@@ -4,7 +4,9 @@ The method of the GPU report (``shared/gpu/README.md``): for each hot path, the 
 copies one call launches (``torch.profiler``), the device->host copies among them, the syncs the
 call makes (``torch.cuda.set_sync_debug_mode``), the wall time per call (synchronized after each
 call, median) and back-to-back (many calls, one synchronize), beside the bare kernel or the plain
-torch call. Then whether CUDA-graph capture works for conversions, reductions and softmax.
+torch call. Then whether CUDA-graph capture works for conversions, reductions and softmax, and
+whether a call made while the stream is busy returns at once (host sizes are copied to the device
+from pageable memory, which the CUDA driver may stage only after the stream drains).
 Usage::
 
     python benchmarks/bench_gpu_path.py [--quick]
@@ -204,6 +206,57 @@ def graph_capture(batch: int) -> list[tuple[str, str]]:
     return out
 
 
+def _sleep_cycles(ms: float) -> int:
+    """``torch.cuda._sleep`` cycles that keep the device busy for about ``ms`` milliseconds."""
+    cycles = 1_000_000
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    stop.record()
+    torch.cuda.synchronize()
+    return int(cycles * ms / start.elapsed_time(stop))
+
+
+def behind_queued_work(batch: int, busy_ms: float = 5.0, repeat: int = 20):
+    """Host ms of one call made while the stream still runs a ``busy_ms`` kernel.
+
+    About 0 when the call only queues its work; about ``busy_ms`` when it waits for the stream,
+    a sync no debug mode reports: the CUDA driver may make a copy from pageable host memory
+    wait for the stream before staging it. Host sizes reach the device by such a copy (the
+    offsets of ``from_lengths``), so this shows whether a pipeline keeps running past them.
+    """
+    lengths = torch.randint(1, 65, (batch,)).tolist()
+    values = torch.randn(sum(lengths), 16, device="cuda")
+    host = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    pinned = host.pin_memory()
+    offsets = host.cuda()
+    max_len = max(lengths)
+    calls = {
+        "kernels.packed_to_padded (no copy)":
+            lambda: kernels.packed_to_padded(values, offsets, max_len, 0.0),
+        "pageable offsets .to(cuda, non_blocking=True)":
+            lambda: host.to("cuda", non_blocking=True),
+        "pinned offsets .to(cuda, non_blocking=True)":
+            lambda: pinned.to("cuda", non_blocking=True),
+        "from_lengths(host)": lambda: NestedBatch.from_lengths(values, lengths),
+        "from_lengths(host).padded()": lambda: NestedBatch.from_lengths(values, lengths).padded(),
+    }
+    cycles = _sleep_cycles(busy_ms)
+    rows = []
+    for name, fn in calls.items():
+        fn()
+        times = []
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(cycles)
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+        rows.append((name, statistics.median(times), busy_ms))
+    return rows
+
+
 def _tensor(result) -> torch.Tensor:
     return result.packed().values if isinstance(result, NestedBatch) else result
 
@@ -239,6 +292,8 @@ def main() -> None:
             verdicts.append((f"B={batch} {ours} / reference {ref:.4f} ms", ratio, 1.0,
                              "ok" if ratio <= 1.0 else "OVER"))
     print_table(["capture", "result"], graph_capture(256), title="CUDA-graph capture")
+    print_table(["call", "host ms", "queued kernel ms"], behind_queued_work(256),
+                title="host time of a call behind queued work (about 0: no wait for the stream)")
     print_table(["target", "ratio", "limit", ""], verdicts, title="targets (wall time ratios)")
 
 
