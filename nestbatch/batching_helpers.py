@@ -153,23 +153,24 @@ def _operand(
     """
     data = _require_data(data, name)
     nbd = len(batch_shape)
-    if isinstance(data, RaggedBatch) and data.num_batch_dims != nbd:
+    ragged = isinstance(data, RaggedBatch)
+    if ragged and data.num_batch_dims != nbd:
         raise ValueError(f"{name} must have {nbd} batch dims, got {data.num_batch_dims}")
-    if data.dim() <= nbd:
-        raise ValueError(f"{name} must have more than {nbd} dims, got shape {tuple(data.shape)}")
-    if tuple(data.shape[:nbd]) != tuple(batch_shape):
+    shape = data.shape
+    if len(shape) <= nbd:
+        raise ValueError(f"{name} must have more than {nbd} dims, got shape {tuple(shape)}")
+    if shape[:nbd] != batch_shape:  # torch.Size against torch.Size (or tuple): no copies
         raise ValueError(
-            f"{name} batch shape {tuple(data.shape[:nbd])} does not match "
+            f"{name} batch shape {tuple(shape[:nbd])} does not match "
             f"expected {tuple(batch_shape)}"
         )
     if dim is None:
-        dim = data.non_uniform_dim if isinstance(data, RaggedBatch) else nbd
-    dim = _check_indexed_dim(dim, data.dim(), nbd, dim_name)
-    tensor = data.tensor if isinstance(data, RaggedBatch) else data
-    if isinstance(data, RaggedBatch) and dim == data.non_uniform_dim:
-        bound: Tensor | int = data.sample_sizes.reshape(-1)
+        dim = data.non_uniform_dim if ragged else nbd
+    dim = _check_indexed_dim(dim, len(shape), nbd, dim_name)
+    if ragged and dim == data.non_uniform_dim:
+        tensor, bound = data.tensor, data.sample_sizes.reshape(-1)
     else:
-        bound = data.shape[dim]
+        tensor, bound = (data.tensor if ragged else data), shape[dim]
     return _Operand(to_canonical(tensor, nbd, dim), bound, dim, data)
 
 
