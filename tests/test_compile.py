@@ -62,6 +62,31 @@ def test_vocabulary_compiles_in_one_graph_and_equals_eager(name):
     torch.testing.assert_close(_plain(compiled), _plain(fn(x)))
 
 
+_SAMPLES = [torch.randn(n, 16, generator=torch.Generator().manual_seed(n)) for n in (3, 5, 2, 10)]
+_PADDED = torch.nn.utils.rnn.pad_sequence(_SAMPLES, batch_first=True)
+
+CONSTRUCTORS = {  # a batch built inside the compiled function, then converted
+    "from_list_packed": (lambda xs: NestedBatch.from_list(xs).packed().values, _SAMPLES),
+    "from_list_padded": (lambda xs: NestedBatch.from_list(xs).padded().data, _SAMPLES),
+    "from_lengths_padded": (
+        lambda v: NestedBatch.from_lengths(v, [3, 5, 2, 10]).padded().data, torch.cat(_SAMPLES)
+    ),
+    "from_padded_packed": (
+        lambda p: NestedBatch.from_padded(p, [3, 5, 2, 10]).packed().values, _PADDED
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONSTRUCTORS))
+def test_constructors_compile_in_one_graph_and_equal_eager(name):
+    fn, x = CONSTRUCTORS[name]
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(x)
+    assert torch.equal(compiled, fn(x))
+
+
 def test_batched_indexing_access_compiles():
     torch._dynamo.reset()
     data = torch.randn(4, 5, 6)
