@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from torch.nn.utils.rnn import pad_sequence
+import torch
 
 from nestbatch.convert.list_packed import list_to_packed
 from nestbatch.convert.packed_padded import packed_to_padded
@@ -19,6 +19,8 @@ from nestbatch.layouts import Padded, TensorList
 #: is 1.0-2x faster.
 PACKED_ROUTE_SAMPLES = 64
 PACKED_ROUTE_SAMPLE_BYTES = 4096
+
+_PAD_SEQUENCE = torch._C._nn.pad_sequence  # (sequences, batch_first, padding_value)
 
 
 def list_to_padded(
@@ -41,9 +43,9 @@ def list_to_padded(
         and partition.device.type == "cpu"
         and not _packed_route_pays(tensor_list)
     ):
-        data = pad_sequence(
-            list(tensor_list.tensors), batch_first=True, padding_value=padding_value
-        )
+        # pad_sequence's C++ function: its Python wrapper only checks and tuples the argument
+        # (an ABC isinstance check and a JIT query, ~1.5 us of ~12 at B=4), done here already.
+        data = _PAD_SEQUENCE(tuple(tensor_list.tensors), True, padding_value)
         return Padded.trusted(data, tensor_list.partition, padding_value)
     return packed_to_padded(list_to_packed(tensor_list), padding_value, max_shape)
 
