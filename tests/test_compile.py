@@ -87,6 +87,48 @@ def test_constructors_compile_in_one_graph_and_equal_eager(name):
     assert torch.equal(compiled, fn(x))
 
 
+_DENSE_RIGHT = {  # batch <op> tensor: torch.compile calls the tensor's reflected operator
+    "sub": lambda b, t: b - t, "div": lambda b, t: b / t, "floordiv": lambda b, t: b // t,
+    "mod": lambda b, t: b % t, "pow": lambda b, t: b.abs() ** t, "add": lambda b, t: b + t,
+    "mul": lambda b, t: b * t, "lt": lambda b, t: b < t, "ne": lambda b, t: b != t,
+    "dense_left_sub": lambda b, t: t - b, "dense_left_div": lambda b, t: t / b,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DENSE_RIGHT))
+def test_batch_and_dense_operands_compile_and_equal_eager(name):
+    fn = _DENSE_RIGHT[name]
+    b, t = _batch(), torch.randn(16, generator=torch.Generator().manual_seed(2))
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(b, t)
+    assert torch.equal(compiled.values, fn(b, t).values)  # the same op as eager, same bits
+
+
+def test_matmul_with_a_dense_operand_under_compile():
+    # torch.compile makes `batch @ dense` the same call as `dense @ batch`: refused in one
+    # graph with the way out, run by eager after a graph break, exact through torch.matmul.
+    gen = torch.Generator().manual_seed(3)
+    b = NestedBatch.from_lengths(torch.randn(20, 4, 4, generator=gen), [3, 5, 2, 10])
+    w = torch.randn(4, 4, generator=gen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for fn in (lambda b, w: b @ w, lambda b, w: w @ b):
+            torch._dynamo.reset()
+            with pytest.raises(Exception, match=r"torch\.matmul\(batch, dense\)"):
+                torch.compile(fn, fullgraph=True, backend="aot_eager")(b, w)
+            torch._dynamo.reset()
+            broken = torch.compile(fn, backend="aot_eager")(b, w)
+            assert torch.equal(broken.values, fn(b, w).values)
+        for fn in (lambda b, w: torch.matmul(b, w), lambda b, w: b.matmul(w),
+                   lambda b, w: torch.matmul(w, b)):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(b, w)
+            assert torch.equal(compiled.values, fn(b, w).values)
+    assert not torch.equal((b @ w).values, (w @ b).values)  # a swap would show
+
+
 def test_batched_indexing_access_compiles():
     torch._dynamo.reset()
     data = torch.randn(4, 5, 6)

@@ -41,11 +41,23 @@ def _matmul(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     a, b = args[0], args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
     if func is torch.Tensor.__rmatmul__:
         a, b = b, a
+    elif func is torch.Tensor.matmul and not is_batch(a) and torch.compiler.is_compiling():
+        raise TypeError(_AMBIGUOUS_UNDER_COMPILE)
     if is_batch(a) and is_batch(b):
         return batch_matmul(a, b)
     if is_batch(a):
         return _batch_at_dense(a, b)
     return _dense_at_batch(a, b)
+
+
+# torch.compile (PyTorch 2.13) hands ``batch @ dense`` to __torch_function__ as
+# ``dense.matmul(batch)``, with the operands swapped and no reflected method to tell: the same
+# call as ``dense @ batch``. Refused rather than guessed (a wrong product where shapes allow).
+_AMBIGUOUS_UNDER_COMPILE = (
+    "inside torch.compile, `batch @ dense` and `dense @ batch` reach nestbatch as the same call, "
+    "dense.matmul(batch) (torch.compile swaps the operands of `batch @ dense`): write "
+    "torch.matmul(batch, dense) or batch.matmul(dense), or torch.matmul(dense, batch)"
+)
 
 
 def _batch_at_dense(a: NestedBatch, w: Tensor) -> NestedBatch:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -45,6 +46,21 @@ class OpEntry:
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
+
+#: ``torch.Tensor``'s reflected operators defined in Python, each with its forward op.
+#: torch.compile hands ``batch <op> tensor`` to ``__torch_function__`` as the tensor's reflected
+#: operator (``tensor.__rsub__(batch)``), a function object that a dict lookup misses under
+#: tracing (PyTorch 2.13; an identity test finds it, and a lookup that missed leaves a guard
+#: that fails at once): :func:`dispatch` runs the forward op on the swapped operands instead,
+#: as eager ``batch - tensor`` does (``__rdiv__`` computes through a reciprocal: not the same
+#: bits).
+_REFLECTED_DUNDERS = tuple(
+    (getattr(torch.Tensor, reflected), getattr(torch.Tensor, forward)) for reflected, forward in (
+        ("__rsub__", "sub"), ("__rdiv__", "div"), ("__rtruediv__", "div"),
+        ("__rfloordiv__", "floor_divide"), ("__rmod__", "remainder"), ("__rpow__", "pow"),
+        ("__rmatmul__", "matmul"), ("__rlshift__", "__lshift__"), ("__rrshift__", "__rshift__"),
+    ) if type(getattr(torch.Tensor, reflected, None)) is FunctionType
+)
 
 
 def register(
@@ -173,6 +189,10 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
         For a function with no entry, naming it and the way to a plain tensor; for an entry that
         does not handle a moved ragged dim given a batch with one.
     """
+    if type(func) is FunctionType and torch.compiler.is_compiling():
+        for reflected, forward in _REFLECTED_DUNDERS:  # (see there)
+            if func is reflected:
+                return dispatch(forward, types, (args[1], args[0], *args[2:]), kwargs)
     entry = _REGISTRY.get(func)
     if entry is not None and entry.fast is not None:
         out = entry.fast(func, args, kwargs)
