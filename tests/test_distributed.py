@@ -4,6 +4,8 @@ what every rank built, and a DDP model taking a NestedBatch trained like a singl
 from __future__ import annotations
 
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,13 +26,32 @@ def _free_port() -> int:
 
 
 def _run(worker, world: int, *args) -> None:
-    mp.spawn(worker, args=(world, _free_port(), *args), nprocs=world, join=True)
+    """``worker(rank, world, *args)`` on ``world`` processes joined by gloo.
+
+    gloo sometimes aborts a process while tearing down (``terminate called without an active
+    exception``, seen under load) after every rank has finished: that crash is not the test's.
+    A rank marks its work done after a barrier, so a crash of a marked rank comes after every
+    rank's work and checks; any other failure fails the test.
+    """
+    with tempfile.TemporaryDirectory() as done:
+        try:
+            mp.spawn(_spawned, args=(worker, world, _free_port(), done, args), nprocs=world,
+                     join=True)
+        except mp.ProcessExitedException as error:
+            if error.signal_name is None or not (Path(done) / str(error.error_index)).exists():
+                raise
 
 
-def _init(rank: int, world: int, port: int) -> None:
+def _spawned(rank: int, worker, world: int, port: int, done: str, args: tuple) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
+    try:
+        worker(rank, world, *args)
+        dist.barrier()  # no rank tears gloo down while another still talks to it
+        (Path(done) / str(rank)).touch()
+    finally:
+        dist.destroy_process_group()
 
 
 def _samples(rank: int, dtype: torch.dtype, k: int = 1) -> list[torch.Tensor]:
@@ -46,39 +67,34 @@ def _same(batch: nb.NestedBatch, samples: list[torch.Tensor]) -> bool:
         torch.equal(a, b) for a, b in zip(batch.unbind(), samples))
 
 
-def _collectives(rank: int, world: int, port: int) -> None:
-    _init(rank, world, port)
-    try:
-        for dtype, k in ((torch.float32, 1), (torch.int64, 1), (torch.float64, 2)):
-            everyone = [s for r in range(world) for s in _samples(r, dtype, k)]
-            local = nb.nested(_samples(rank, dtype, k), num_ragged_dims=k, dtype=dtype)
-            assert _same(nbd.all_gather(local), everyone)
-            gathered = nbd.gather(local, dst=world - 1)
-            assert (gathered is None) == (rank != world - 1)
-            if gathered is not None:
-                assert _same(gathered, everyone)
-            source = nbd.broadcast(local if rank == 0 else None, src=0)
-            assert _same(source, _samples(0, dtype, k))
-            per_rank = [nb.nested(_samples(r, dtype, k), num_ragged_dims=k, dtype=dtype)
-                        for r in range(world)]
-            mine = nbd.scatter(per_rank if rank == 0 else None, src=0)
-            assert _same(mine, _samples(rank, dtype, k))
-        # Differentiable all_gather: d(sum of gathered * weight) reaches each rank's own rows.
-        values = torch.arange(6.0).view(3, 2) + 10 * rank
-        values.requires_grad_()
-        batch = nb.NestedBatch.from_lengths(values, [1, 2])
-        out = nbd.all_gather(batch)
-        weights = torch.arange(out.values.numel(), dtype=torch.float32).view_as(out.values)
-        (out.values * weights).sum().backward()
-        # Every rank applies the same weights, so each row's gradient is world * its weight.
-        assert torch.equal(values.grad, world * weights[3 * rank: 3 * rank + 3])
-        # A rank holding another kind of batch makes every rank raise.
-        odd = nb.nested([torch.ones(2, 3 if rank == 0 else 2)])
-        with pytest.raises(ValueError, match="feature"):
-            nbd.all_gather(odd)
-        dist.barrier()  # no rank tears gloo down while another still talks to it
-    finally:
-        dist.destroy_process_group()
+def _collectives(rank: int, world: int) -> None:
+    for dtype, k in ((torch.float32, 1), (torch.int64, 1), (torch.float64, 2)):
+        everyone = [s for r in range(world) for s in _samples(r, dtype, k)]
+        local = nb.nested(_samples(rank, dtype, k), num_ragged_dims=k, dtype=dtype)
+        assert _same(nbd.all_gather(local), everyone)
+        gathered = nbd.gather(local, dst=world - 1)
+        assert (gathered is None) == (rank != world - 1)
+        if gathered is not None:
+            assert _same(gathered, everyone)
+        source = nbd.broadcast(local if rank == 0 else None, src=0)
+        assert _same(source, _samples(0, dtype, k))
+        per_rank = [nb.nested(_samples(r, dtype, k), num_ragged_dims=k, dtype=dtype)
+                    for r in range(world)]
+        mine = nbd.scatter(per_rank if rank == 0 else None, src=0)
+        assert _same(mine, _samples(rank, dtype, k))
+    # Differentiable all_gather: d(sum of gathered * weight) reaches each rank's own rows.
+    values = torch.arange(6.0).view(3, 2) + 10 * rank
+    values.requires_grad_()
+    batch = nb.NestedBatch.from_lengths(values, [1, 2])
+    out = nbd.all_gather(batch)
+    weights = torch.arange(out.values.numel(), dtype=torch.float32).view_as(out.values)
+    (out.values * weights).sum().backward()
+    # Every rank applies the same weights, so each row's gradient is world * its weight.
+    assert torch.equal(values.grad, world * weights[3 * rank: 3 * rank + 3])
+    # A rank holding another kind of batch makes every rank raise.
+    odd = nb.nested([torch.ones(2, 3 if rank == 0 else 2)])
+    with pytest.raises(ValueError, match="feature"):
+        nbd.all_gather(odd)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -100,24 +116,17 @@ def _rank_batch(rank: int) -> nb.NestedBatch:
     return nb.nested([torch.randn(n, 3, generator=gen) for n in (rank + 1, 3, 0, 2)])
 
 
-def _ddp(rank: int, world: int, port: int, start: dict, out_path: str) -> None:
-    _init(rank, world, port)
-    try:
-        model = _Model()
-        model.load_state_dict(start)
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        for _ in range(2):
-            optimizer.zero_grad()
-            ddp(_rank_batch(rank)).backward()
-            optimizer.step()
-        if rank == 0:
-            torch.save(model.state_dict(), out_path)
-        # No rank tears gloo down while another still talks to it (a rank that left early
-        # made the other abort in teardown: "terminate called without an active exception").
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _ddp(rank: int, world: int, start: dict, out_path: str) -> None:
+    model = _Model()
+    model.load_state_dict(start)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        ddp(_rank_batch(rank)).backward()
+        optimizer.step()
+    if rank == 0:
+        torch.save(model.state_dict(), out_path)
 
 
 def test_ddp_with_nested_batch_inputs_trains_like_one_process(tmp_path):
