@@ -196,6 +196,32 @@ def test_reduction_edge_cases():
         y.sum(1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_reductions_accumulate_in_float32(dtype, backend):
+    # torch.segment_reduce accumulates in the values' dtype: a bfloat16 sum of 4096 values
+    # near 0.5 came out 256, and a long sample's softmax added up to 10. As torch's: exact
+    # sums and means, the others within a rounding or two of the per-sample op.
+    gen = torch.Generator().manual_seed(7)
+    lengths = (4096, 0, 2, 1, 300, *[1] * 16)  # mostly short: padding costs, segment paths
+    samples = [(torch.rand(n, 3, generator=gen) * 3).to(dtype) for n in lengths]
+    x = nestbatch.nested(samples)
+    for name in ("sum", "mean"):
+        out = getattr(torch, name)(x, 1)
+        assert out.dtype == dtype
+        for got, sample in zip(out, samples):
+            if len(sample):
+                assert torch.equal(got, getattr(torch, name)(sample, 0))
+    tolerance = {"rtol": 2 * torch.finfo(dtype).eps, "atol": 0.0}
+    for name in ("logsumexp", "var", "std"):
+        out = getattr(torch, name)(x, 1)
+        for got, sample in zip(out, samples):
+            if len(sample) > 1:
+                torch.testing.assert_close(got, getattr(torch, name)(sample, 0), **tolerance)
+    for fn in (F.softmax, F.log_softmax):
+        for got, sample in zip(fn(x, dim=1).unbind(), samples):
+            torch.testing.assert_close(got, fn(sample, dim=0), **tolerance)
+
+
 @pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_over_ragged_dim(layout, log):

@@ -42,7 +42,7 @@ from nestbatch.ops.common import (
 )
 from nestbatch.ops.elementwise import elementwise
 from nestbatch.ops.registry import register
-from nestbatch.ops.segment import segment_reduce
+from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
 
 _COMPOSABLE = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "count_nonzero", "any", "all"}
 _SECOND_STAGE = {"count_nonzero": "sum"}  # how a feature stage continues a ragged stage
@@ -98,6 +98,10 @@ def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: fl
         return segment_reduce((values != 0).to(torch.int64), batch, "sum") > 0
     if name == "all":
         return segment_reduce((values == 0).to(torch.int64), batch, "sum") == 0
+    if name in ("logsumexp", "var", "std") and values.dtype in WIDENED_DTYPES:
+        # Computed in float32 and rounded once, as torch's are (see WIDENED_DTYPES).
+        wide = values.to(WIDENED_DTYPES[values.dtype])
+        return _ragged_packed(batch, name, wide, correction).to(values.dtype)
     if name == "logsumexp":
         shift = _safe_shift(segment_reduce(values.detach(), batch, "amax"), batch)
         total = segment_reduce((values - shift[batch.row_ids]).exp(), batch, "sum")
@@ -386,6 +390,11 @@ def _wrap_padded_with(data: Tensor, partition: Any, ragged_dim: int, filler: Any
 def _segment_softmax(batch: NestedBatch, values: Tensor, log: bool) -> Tensor:
     if not values.is_floating_point():
         raise RuntimeError(f"softmax is not defined for {values.dtype}; convert to a float dtype")
+    if values.dtype in WIDENED_DTYPES:
+        # The sums of exps in float32 and one rounding, as torch.softmax: summed in half
+        # precision, a long sample's probabilities add up to 10 instead of 1.
+        wide = values.to(WIDENED_DTYPES[values.dtype])
+        return _segment_softmax(batch, wide, log).to(values.dtype)
     offsets, rows = batch.offsets, batch.row_ids
     # Samples whose rows are all -inf give nan, as torch.softmax does; empty samples have no rows.
     peak = torch.segment_reduce(values.detach(), "max", offsets=offsets, axis=0, unsafe=True)

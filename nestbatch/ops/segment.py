@@ -36,6 +36,10 @@ REDUCTIONS = ("sum", "mean", "amax", "amin", "prod")
 _BACKENDS = ("auto", "torch", "scatter")
 _state = {"backend": "auto"}
 _EMPTY = {"sum": 0, "prod": 1, "mean": float("nan")}
+#: torch.segment_reduce and torch-scatter accumulate in the values' dtype. For half precision
+#: that loses the sum (a bfloat16 sum of 4096 values near 0.5 comes out 256, not about 2065):
+#: these dtypes are reduced in float32, as torch.sum does, and the result cast back.
+WIDENED_DTYPES = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 @functools.cache
@@ -83,6 +87,8 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     -------
     Tensor
         ``(B, *feature)``; sums and products of integer / bool values are int64, as torch's.
+        Sums, means and products of float16 / bfloat16 values are accumulated in float32 (two
+        more ops: the widening and the cast back), as ``torch.sum``'s.
     """
     if reduce not in REDUCTIONS:
         raise ValueError(f"reduce must be one of {REDUCTIONS}, got {reduce!r}")
@@ -93,6 +99,9 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
         )
     if reduce in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
         values = values.to(torch.int64)
+    if reduce in _EMPTY and values.dtype in WIDENED_DTYPES:  # sums and products accumulate
+        wide = values.to(WIDENED_DTYPES[values.dtype])
+        return segment_reduce(wide, batch, reduce).to(values.dtype)
     backend = _state["backend"]
     if backend == "auto":
         backend = "scatter" if _scatter_is_faster(values, batch, reduce) else "torch"
