@@ -346,7 +346,9 @@ def softmax(layout: Layout, batch: NestedBatch, dim: int, *, log: bool = False,
         :data:`SOFTMAX_PADDING_RATIO` padded slots per element, sizes known on the host) or the
         batch is stored padded: ``torch.softmax`` of the data padded with ``-inf`` (one
         conversion kernel, one softmax; the result stays padded). Otherwise a segment softmax on
-        the packed rows (two segment reductions, two row gathers and three elementwise ops).
+        the packed rows (two segment reductions, two row gathers and three elementwise ops;
+        float16 / bfloat16 values are widened to float32 first and the result cast back, two
+        more, so that the sums do not lose precision).
     """
     kind, stored = storage_dim(batch, dim)
     fn = F.log_softmax if log else F.softmax
