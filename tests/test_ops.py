@@ -196,27 +196,33 @@ def test_reduction_edge_cases():
         y.sum(1)
 
 
+@pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_reductions_accumulate_in_float32(dtype, backend):
+def test_half_precision_reductions_accumulate_in_float32(dtype, layout, backend):
     # torch.segment_reduce accumulates in the values' dtype: a bfloat16 sum of 4096 values
-    # near 0.5 came out 256, and a long sample's softmax added up to 10. As torch's: exact
-    # sums and means, the others within a rounding or two of the per-sample op.
+    # near 0.5 came out 256, and a long sample's softmax added up to 10. As torch's: sums,
+    # means, variances computed in float32 and rounded once (the same bits as the per-sample
+    # op), logsumexp and softmax within a rounding or two.
     gen = torch.Generator().manual_seed(7)
-    lengths = (4096, 0, 2, 1, 300, *[1] * 16)  # mostly short: padding costs, segment paths
-    samples = [(torch.rand(n, 3, generator=gen) * 3).to(dtype) for n in lengths]
-    x = nestbatch.nested(samples)
-    for name in ("sum", "mean"):
-        out = getattr(torch, name)(x, 1)
-        assert out.dtype == dtype
-        for got, sample in zip(out, samples):
-            if len(sample):
-                assert torch.equal(got, getattr(torch, name)(sample, 0))
+
+    def batch(lengths, k=1):
+        samples = [(torch.rand(*(n,) * k, 3, generator=gen) * 3).to(dtype) for n in lengths]
+        return samples, nestbatch.nested(samples, layout=layout, num_ragged_dims=k)
+
+    # k=1 mostly short samples: padding costs, so softmax takes the segment path when packed
+    for k, lengths in ((1, (4096, 0, 2, 1, 300, *[1] * 16)), (2, (64, 0, 3, 1))):
+        samples, x = batch(lengths, k)
+        for name in ("sum", "mean", "var", "std"):
+            out = getattr(x, name)(tuple(range(1, k + 1)))
+            assert out.dtype == dtype
+            for got, sample in zip(out, samples):
+                if sample.numel() > 3:
+                    assert torch.equal(got, getattr(sample, name)(tuple(range(k)))), name
+    samples, x = batch((4096, 0, 2, 1, 300, *[1] * 16))
     tolerance = {"rtol": 2 * torch.finfo(dtype).eps, "atol": 0.0}
-    for name in ("logsumexp", "var", "std"):
-        out = getattr(torch, name)(x, 1)
-        for got, sample in zip(out, samples):
-            if len(sample) > 1:
-                torch.testing.assert_close(got, getattr(torch, name)(sample, 0), **tolerance)
+    for got, sample in zip(torch.logsumexp(x, 1), samples):
+        if len(sample):
+            torch.testing.assert_close(got, torch.logsumexp(sample, 0), **tolerance)
     for fn in (F.softmax, F.log_softmax):
         for got, sample in zip(fn(x, dim=1).unbind(), samples):
             torch.testing.assert_close(got, fn(sample, dim=0), **tolerance)

@@ -141,9 +141,22 @@ def _segment_arg(batch: NestedBatch, values: Tensor, name: str) -> Tensor:
 def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float) -> Any:
     padded = batch.padded(None)
     data = padded.data if dtype is None else padded.data.to(dtype)
+    if name in ("mean", "var", "std") and data.dtype in WIDENED_DTYPES:
+        # A sum rounded to half precision, then divided, rounds twice: computed in float32
+        # and rounded once, as torch's (sums alone are exact: torch.sum accumulates in float32).
+        wide = data.to(WIDENED_DTYPES[data.dtype])
+        return _masked_reduction(batch, padded.mask, wide, name, correction).to(data.dtype)
+    return _masked_reduction(batch, padded.mask, data, name, correction)
+
+
+def _masked_reduction(
+    batch: NestedBatch, valid: Tensor, data: Tensor, name: str, correction: float
+) -> Any:
+    """Reduction ``name`` over the ragged dims of padded ``data`` whose valid slots are
+    ``valid`` (the padded layout's mask)."""
     k = batch.num_ragged_dims
     dims = tuple(range(1, 1 + k))
-    mask = _expand_to(padded.mask, data)
+    mask = _expand_to(valid, data)
     if name in ("argmax", "argmin"):
         kind = "lowest" if name == "argmax" else "highest"
         filled = data.masked_fill(~mask, fill_value_for(data.dtype, kind))
