@@ -98,10 +98,6 @@ def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: fl
         return segment_reduce((values != 0).to(torch.int64), batch, "sum") > 0
     if name == "all":
         return segment_reduce((values == 0).to(torch.int64), batch, "sum") == 0
-    if name in ("logsumexp", "var", "std") and values.dtype in WIDENED_DTYPES:
-        # Computed in float32 and rounded once, as torch's are (see WIDENED_DTYPES).
-        wide = values.to(WIDENED_DTYPES[values.dtype])
-        return _ragged_packed(batch, name, wide, correction).to(values.dtype)
     if name == "logsumexp":
         shift = _safe_shift(segment_reduce(values.detach(), batch, "amax"), batch)
         total = segment_reduce((values - shift[batch.row_ids]).exp(), batch, "sum")
@@ -141,22 +137,9 @@ def _segment_arg(batch: NestedBatch, values: Tensor, name: str) -> Tensor:
 def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float) -> Any:
     padded = batch.padded(None)
     data = padded.data if dtype is None else padded.data.to(dtype)
-    if name in ("mean", "var", "std") and data.dtype in WIDENED_DTYPES:
-        # A sum rounded to half precision, then divided, rounds twice: computed in float32
-        # and rounded once, as torch's (sums alone are exact: torch.sum accumulates in float32).
-        wide = data.to(WIDENED_DTYPES[data.dtype])
-        return _masked_reduction(batch, padded.mask, wide, name, correction).to(data.dtype)
-    return _masked_reduction(batch, padded.mask, data, name, correction)
-
-
-def _masked_reduction(
-    batch: NestedBatch, valid: Tensor, data: Tensor, name: str, correction: float
-) -> Any:
-    """Reduction ``name`` over the ragged dims of padded ``data`` whose valid slots are
-    ``valid`` (the padded layout's mask)."""
     k = batch.num_ragged_dims
     dims = tuple(range(1, 1 + k))
-    mask = _expand_to(valid, data)
+    mask = _expand_to(padded.mask, data)
     if name in ("argmax", "argmin"):
         kind = "lowest" if name == "argmax" else "highest"
         filled = data.masked_fill(~mask, fill_value_for(data.dtype, kind))
@@ -191,6 +174,10 @@ def _masked_reduction(
 
 
 # =========================================================================== the entry points
+#: Reductions that accumulate: widened from half precision (see :func:`reduce`).
+_ACCUMULATING = frozenset({"sum", "mean", "prod", "logsumexp", "var", "std"})
+
+
 def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] | None,
            keepdim: bool, dtype: Any = None, correction: float = 1) -> Any:
     """Reduce ``batch`` over ``dims`` with the reduction ``name`` (see the module docstring)."""
@@ -213,6 +200,13 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
             f"{name} over ragged and feature dims at once is not supported; reduce the ragged "
             "dim(s) first, then the dense result"
         )
+    result_dtype = batch.dtype if dtype is None else dtype
+    widened = name in _ACCUMULATING and result_dtype in WIDENED_DTYPES
+    if widened:
+        # Half precision: computed in float32 and rounded once, as torch's reductions are
+        # (torch.segment_reduce would sum in half precision, and a sum rounded before it is
+        # divided or reduced over the feature dims rounds twice).
+        dtype = WIDENED_DTYPES[result_dtype]
     if layout is Layout.PADDED and all(batch.max_shape):
         out = _ragged_padded(batch, name, dtype, correction)
     else:
@@ -221,6 +215,8 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
     if features:
         second = getattr(torch, _SECOND_STAGE.get(name, name))
         out = _feature_reduce(second, out, features, keepdim, {})
+    if widened:
+        out = out.to(result_dtype)
     if keepdim:
         k = batch.num_ragged_dims
         if k == 1:
