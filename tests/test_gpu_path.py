@@ -211,6 +211,20 @@ def test_ragged_softmax_on_packed_rows_for_long_tails(log):
     assert "aten.segment_reduce.default" in t.ops
 
 
+def test_half_precision_reductions_widen_with_two_more_ops():
+    # float16 / bfloat16 sums are computed in float32 (torch.segment_reduce would sum in half
+    # precision): the widening and the cast back, nothing per sample.
+    lengths = [1] * 63 + [512]
+    with fake_cuda():
+        batch = NestedBatch.from_lengths(_values(lengths).bfloat16(), lengths)
+        count(torch.sum, batch, dim=1)
+        total = count(torch.sum, batch, dim=1)
+        count(torch.softmax, batch, dim=1)
+        softmax = count(torch.softmax, batch, dim=1)
+    _check(total, 3)
+    _check(softmax, 9)  # the segment softmax's 7, widened
+
+
 # ------------------------------------------------------------------------------ elementwise
 @pytest.mark.parametrize("batch_size", SIZES)
 def test_elementwise_ops(batch_size):
