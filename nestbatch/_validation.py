@@ -232,18 +232,32 @@ def check_offsets(offsets: Tensor, num_values: int, name: str = "offsets") -> No
         raise ValueError(f"{name} must be non-decreasing, got {offsets.tolist()}")
 
 
-def check_non_negative(sizes: Tensor, name: str) -> None:
-    """Check that no entry of ``sizes`` is negative (one synchronization)."""
-    if sizes.numel() and bool((sizes < 0).any()):
+def check_non_negative(sizes: Tensor, name: str, total: int | None = None) -> None:
+    """Check that no entry of ``sizes`` ``(B, k)`` is negative and (with ``total``) that their
+    per-sample products add up to ``total``: one read of two numbers (a sync on a device;
+    host work for a CPU tensor)."""
+    if sizes.numel() == 0:
+        if total:
+            raise ValueError(f"{name} describes 0 rows but values has {total}")
+        return
+    counted = sizes.prod(-1).sum() if total is not None else sizes.new_zeros(())
+    negative, rows = read_device_values(torch.stack([(sizes < 0).any().to(counted.dtype),
+                                                     counted]))
+    if negative:
         raise ValueError(f"{name} must be non-negative, got {sizes.tolist()}")
+    if total is not None and rows != total:
+        raise ValueError(f"{name} describes {rows} rows but values has {total}")
 
 
 def check_fits(sizes: Tensor, capacity: Sequence[int], name: str) -> None:
-    """Check that per-sample ragged sizes ``(B, k)`` fit a padded shape ``capacity`` (one sync)."""
+    """Check that per-sample ragged sizes ``(B, k)`` are non-negative and fit a padded shape
+    ``capacity``: one read (a sync on a device; host work for a CPU tensor)."""
     if sizes.numel() == 0:
         return
     limit = torch.as_tensor(list(capacity), dtype=sizes.dtype, device=sizes.device)
-    if bool((sizes > limit).any()):
+    if bool(((sizes < 0) | (sizes > limit)).any()):
+        if bool((sizes < 0).any()):  # the error path reads more, to say which
+            raise ValueError(f"{name} must be non-negative, got {sizes.tolist()}")
         largest = sizes.amax(0).tolist()
         raise ValueError(
             f"{name} do not fit the padded data: largest sizes {largest} exceed its "

@@ -8,7 +8,7 @@ caches the result; results of ops are new batches, and nothing mutates a cached 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,10 +33,18 @@ from nestbatch.convert.tensorflow import (
     offsets_from_row_starts,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
-from nestbatch.layouts.padded import check_padding_side
+from nestbatch.layouts.padded import check_padding_side, filler_key
 from nestbatch.tensor_methods import TensorMethods
 
-_PADDED_ANY = object()  # cache key of a padded layout whose filler is unspecified
+
+class PaddedKey(NamedTuple):
+    """The cache key of a padded layout: its filler (as :func:`filler_key` spells it, or None
+    when unspecified) and its padding side."""
+
+    filler: Any
+    side: str = "right"
+
+
 _MAX_SAMPLES = 2**31 - 1  # the kernels index samples with int32 grids
 
 # Extension points: the modules above this one (the op registry, the RaggedBatch API) plug in
@@ -264,16 +272,28 @@ class NestedBatch(TensorMethods):
                 f"row_ids must have shape ({values.shape[0]},) (one per row of values), got "
                 f"{tuple(row_ids.shape)}"
             )
-        row_ids = row_ids.to(device=values.device, dtype=torch.int64)
-        if num_rows is None:
-            num_rows = int(row_ids[-1]) + 1 if row_ids.numel() else 0
-        if validate and row_ids.numel():
-            if bool((row_ids[1:] < row_ids[:-1]).any()):
+        # Ids on the host beside data on a device are read and counted there: no sync.
+        host = row_ids.is_cpu and not values.is_cpu
+        row_ids = row_ids.to(device=row_ids.device if host else values.device, dtype=torch.int64)
+        if num_rows is None or (validate and row_ids.numel()):
+            # One read of three numbers (host work for host ids).
+            decreasing, first, last = read_device_values(torch.stack([
+                (row_ids[1:] < row_ids[:-1]).any().long(), row_ids[:1].sum(), row_ids[-1:].sum()
+            ])) if row_ids.numel() else (0, 0, -1)
+            num_rows = last + 1 if num_rows is None else num_rows
+            if validate and decreasing:
                 raise ValueError("row_ids must be non-decreasing (rows grouped by sample)")
-            if int(row_ids[0]) < 0 or int(row_ids[-1]) >= num_rows:
+            if validate and row_ids.numel() and (first < 0 or last >= num_rows):
                 raise ValueError(f"row_ids must lie in [0, num_rows={num_rows})")
-        lengths = torch.bincount(row_ids, minlength=num_rows)[:num_rows]
-        partition = RowPartition.from_lengths(lengths)
+        if host:
+            lengths = torch.bincount(row_ids, minlength=num_rows)[:num_rows]
+            partition = RowPartition.from_host_lengths_tensor(lengths, values.device)
+            return cls(Packed(values, partition=partition))
+        # Sorted row ids: sample i starts at the first row id >= i. One search of a fixed
+        # size (bincount's output size would depend on the largest id: a sync).
+        boundaries = torch.arange(num_rows + 1, device=row_ids.device)
+        offsets = torch.searchsorted(row_ids, boundaries)
+        partition = RowPartition.from_offsets(offsets, total=values.shape[0])
         partition.__dict__["row_ids"] = row_ids
         return cls(Packed(values, partition=partition))
 
@@ -345,7 +365,8 @@ class NestedBatch(TensorMethods):
                 shape_per_sample=shape_per_sample,
                 padding_value=padding_value,
                 padding_side=padding_side,
-                validate=validate,
+                # Lengths counted from a mask of the data's shape fit it by construction.
+                validate=validate and mask is None,
             )
         )
 
@@ -364,9 +385,7 @@ class NestedBatch(TensorMethods):
     def _remember(self, layout: RaggedLayout) -> None:
         if isinstance(layout, Padded):
             filler = layout.padding_value
-            key = (Layout.PADDED, _PADDED_ANY if filler is None else filler)
-            if layout.padding_side != "right":
-                key += (layout.padding_side,)  # ops read right padding: kept apart
+            key = PaddedKey(None if filler is None else filler_key(filler), layout.padding_side)
         elif isinstance(layout, Packed):
             key = Layout.PACKED
         else:
@@ -381,7 +400,7 @@ class NestedBatch(TensorMethods):
     @property
     def materialized_layouts(self) -> tuple[Layout, ...]:
         """Layouts already computed (and cached) for this batch."""
-        kinds = {key[0] if isinstance(key, tuple) else key for key in self._cache}
+        kinds = {Layout.PADDED if type(key) is PaddedKey else key for key in self._cache}
         return tuple(kind for kind in Layout if kind in kinds)
 
     def has_layout(self, kind: Layout) -> bool:
@@ -428,17 +447,16 @@ class NestedBatch(TensorMethods):
             its :attr:`~nestbatch.layouts.Padded.mask` is then a suffix mask).
         """
         if max_shape is not None:
-            source = self._primary
-            return convert.to_padded(source, padding_value or 0, max_shape, padding_side)
+            filler = 0.0 if padding_value is None else padding_value
+            return convert.to_padded(self._primary, filler, max_shape, padding_side)
         if padding_value is None:
             for key, layout in self._cache.items():
-                if isinstance(key, tuple) and layout.padding_side == padding_side:
+                if type(key) is PaddedKey and key.side == padding_side:
                     return layout
             padding_value = 0.0
-        key = (Layout.PADDED, padding_value)
         if padding_side != "right":
             check_padding_side(padding_side, self.num_ragged_dims)
-            key += (padding_side,)
+        key = PaddedKey(filler_key(padding_value), padding_side)
         cached = self._cache.get(key)
         if cached is None:
             # Conversions between list and padded go through packed rows: cached ones first.
@@ -486,10 +504,16 @@ class NestedBatch(TensorMethods):
     def tolist(self) -> list:
         """The samples as nested Python lists of numbers (``Tensor.tolist``; TF ``to_list``).
 
-        Reads every value on the host (a device sync on a GPU): the result is Python data. For
-        the samples as tensors, :meth:`unbind`.
+        Reads every value on the host (a device sync on a GPU): the result is Python data. One
+        copy of the packed rows to the host, cut into samples there. For the samples as
+        tensors, :meth:`unbind`.
         """
-        return [sample.tolist() for sample in self.unbind()]
+        host = self
+        if self.device.type != "cpu":
+            values = self.packed().values.cpu()  # the one device-to-host copy
+            host = NestedBatch.trusted(Packed.trusted(values, self._partition.to(values.device)),
+                                       self._ragged_dim)
+        return [sample.tolist() for sample in host.unbind()]
 
     def _logical(self, sample: Tensor) -> Tensor:
         # A stored sample (ragged dim first) as the logical one: a view, no copy.
@@ -948,10 +972,15 @@ class NestedBatch(TensorMethods):
         -------
         Tensor
             ``padded(padding, ...).data`` with the ragged dim moved to :attr:`ragged_dim` (a
-            view); the padded layout itself is cached when ``output_size`` is None.
+            view); the padded layout itself is cached when ``output_size`` is None. A batch
+            stored padded wider than its longest sample gives a view of the tightest part
+            (this reads the largest sizes from the device once when only the device has them:
+            the output's shape needs them).
         """
         sizes = self._ragged_sizes_of(output_size)
         data = self.padded(padding, sizes, padding_side=padding_side).data
+        if sizes is None:
+            data = _narrowed_to(data, self.max_shape, padding_side)
         return data if self._ragged_dim == 1 else data.movedim(1, self._ragged_dim)
 
     def _ragged_sizes_of(self, output_size: Sequence[int | None] | None) -> list | None:
@@ -998,6 +1027,16 @@ class NestedBatch(TensorMethods):
 
     def __repr__(self) -> str:
         return _format_batch(self)
+
+
+def _narrowed_to(data: Tensor, sizes: Sequence[int], padding_side: str) -> Tensor:
+    """``data (B, *padded, *feature)`` cut to the padded ``sizes`` (a view), keeping the
+    samples' end of the padding side: the first slots, or the last ones with left padding."""
+    for d, size in enumerate(sizes, start=1):
+        if data.shape[d] > size:
+            start = data.shape[d] - size if padding_side == "left" else 0
+            data = data.narrow(d, start, size)
+    return data
 
 
 def _padded_with_host_lengths(
@@ -1130,7 +1169,7 @@ def _check_ragged_dim(layout: RaggedLayout, ragged_dim: int) -> None:
 
 def _right_padded(key: Any) -> bool:
     """Whether a cache key is a right-padded layout's (the only padding ops read)."""
-    return type(key) is tuple and len(key) == 2
+    return type(key) is PaddedKey and key.side == "right"
 
 
 def _kind(layout: RaggedLayout) -> Layout:

@@ -34,12 +34,13 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 
 from . import kernels
 from ._validation import normalize_empty_samples, read_device_values
+from .convert import list_to_padded
 from .errors import reference_compatible
 from .kernels.reference import sizes_mask
+from .layouts import TensorList
 from .ragged_batch import (
     RaggedBatch,
     from_canonical,
@@ -1110,6 +1111,20 @@ def _collect_nested(data: Any, path: str) -> tuple[list[Tensor], tuple[int, ...]
     return [leaf for leaves, _ in parts for leaf in leaves], (len(parts),) + sub_shape
 
 
+def _pad_samples(leaves: list[Tensor], device: torch.device) -> Tensor:
+    """``(B, max_len, *feature)``: the samples zero-padded, on ``device``.
+
+    Padded where the samples are (on a GPU one concatenation and one padding kernel, not a
+    copy per sample), then copied to ``device`` in one piece; samples on several devices are
+    moved first, one by one.
+    """
+    source = leaves[0].device
+    if any(leaf.device != source for leaf in leaves):
+        leaves, source = [leaf.to(device) for leaf in leaves], device
+    data = list_to_padded(TensorList(leaves, 1, device=source), 0.0).data
+    return data.to(device)
+
+
 @reference_compatible
 def combine_data(
     data_list: Sequence[Sequence | Tensor],
@@ -1168,8 +1183,7 @@ def combine_data(
             )
         if leaf.dtype != first.dtype:
             raise TypeError(f"sample {pos} has dtype {leaf.dtype}, expected {first.dtype}")
-    leaves = [leaf.to(device) for leaf in leaves]
-    padded = pad_sequence(leaves, batch_first=True)
+    padded = _pad_samples(leaves, device)
     padded = padded.reshape(batch_shape + tuple(padded.shape[1:]))
     if other_with_same_sample_sizes is not None:
         return _require_ragged(

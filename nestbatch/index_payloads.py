@@ -19,6 +19,7 @@ from torch import Tensor
 
 from nestbatch._validation import read_device_values
 from nestbatch.batch import NestedBatch
+from nestbatch.ops.common import check_same_structure
 
 __all__ = ["INDEX_FILLER", "local_indices", "packed_indices"]
 
@@ -58,16 +59,17 @@ def packed_indices(indices: NestedBatch, into: NestedBatch, *, validate: bool = 
     return indices.with_values(indices.values + shift)
 
 
-def local_indices(packed: Tensor, indices: NestedBatch, into: NestedBatch, *,
+def local_indices(packed: Tensor | NestedBatch, indices: NestedBatch, into: NestedBatch, *,
                   validate: bool = True) -> NestedBatch:
     """The inverse of :func:`packed_indices`: global rows of ``into.values`` back to positions
     in each sample of ``into``.
 
     Parameters
     ----------
-    packed : Tensor
+    packed : Tensor or NestedBatch
         ``(total, *D)`` integer, laid out as ``indices.values`` (row ``r`` belongs to the sample
-        of packed row ``r`` of ``indices``), e.g. ``packed_indices(indices, into).values``.
+        of packed row ``r`` of ``indices``), or a batch of ``indices``' structure, e.g.
+        ``packed_indices(indices, into)`` (its values are used).
     indices : NestedBatch
         Gives the structure (which sample every row of ``packed`` belongs to).
     into : NestedBatch
@@ -80,6 +82,9 @@ def local_indices(packed: Tensor, indices: NestedBatch, into: NestedBatch, *,
     NestedBatch
         ``indices``' structure with the local indices.
     """
+    if isinstance(packed, NestedBatch) and isinstance(indices, NestedBatch):
+        check_same_structure(indices, packed, "packed and indices")
+        packed = packed.values
     if not isinstance(packed, Tensor) or packed.shape != indices.values.shape:
         shape = tuple(packed.shape) if isinstance(packed, Tensor) else type(packed).__name__
         raise ValueError(

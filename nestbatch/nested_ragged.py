@@ -12,13 +12,21 @@ Build one with ``NestedBatch.from_nested_row_splits`` / ``from_nested_row_length
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from nestbatch._validation import as_offsets, check_offsets_on_device, check_tensor, host_sizes
+from nestbatch._validation import (
+    as_offsets,
+    check_host_offsets,
+    check_offsets_on_device,
+    check_tensor,
+    host_ints,
+    host_sizes,
+)
 from nestbatch.batch import NestedBatch, extend
 
 __all__ = ["NestedRaggedBatch", "from_nested_row_lengths", "from_nested_row_splits"]
@@ -219,16 +227,31 @@ def from_nested_row_splits(
     if isinstance(nested_row_splits, Tensor) or not isinstance(nested_row_splits, Sequence) \
             or len(nested_row_splits) == 0:
         raise TypeError("nested_row_splits must be a non-empty sequence of offsets vectors")
-    splits = []
+    host_levels: list[tuple[int, ...] | None] = []
     for level, raw in enumerate(nested_row_splits):
         name = f"nested_row_splits[{level}]"
         if not isinstance(raw, Tensor):
-            raw = torch.tensor(host_sizes(raw, name), dtype=torch.int64)
-        splits.append(as_offsets(raw, flat_values.device, name))
+            host_levels.append(host_ints(raw, name))
+        elif raw.is_cpu and not (raw.is_floating_point() or raw.dtype == torch.bool):
+            host_levels.append(tuple(raw.reshape(-1).tolist()))  # a host tensor: no sync
+        else:
+            host_levels.append(None)
+    splits = [
+        as_offsets(raw if isinstance(raw, Tensor) else torch.tensor(host, dtype=torch.int64),
+                   flat_values.device, f"nested_row_splits[{level}]")
+        for level, (raw, host) in enumerate(zip(nested_row_splits, host_levels))
+    ]
     if validate:
+        # Host splits are checked on the host (no sync); device ones with one read each.
         rows = [s.shape[0] - 1 for s in splits[1:]] + [flat_values.shape[0]]
-        for level, (offsets, count) in enumerate(zip(splits, rows)):
-            check_offsets_on_device(offsets, count, name=f"nested_row_splits[{level}]")
+        for level, (offsets, host, count) in enumerate(zip(splits, host_levels, rows)):
+            name = f"nested_row_splits[{level}]"
+            if host is None:
+                check_offsets_on_device(offsets, count, name=name)
+            elif not host:
+                raise ValueError(f"{name} must have at least one entry (B + 1 values), got none")
+            else:
+                check_host_offsets(list(host), count, None, name)
     return _batch(flat_values, splits)
 
 
@@ -241,11 +264,13 @@ def from_nested_row_lengths(
     if isinstance(nested_row_lengths, Tensor) or not isinstance(nested_row_lengths, Sequence) \
             or len(nested_row_lengths) == 0:
         raise TypeError("nested_row_lengths must be a non-empty sequence of lengths vectors")
-    splits = []
+    splits: list[Tensor | tuple[int, ...]] = []
     for level, lengths in enumerate(nested_row_lengths):
         if not isinstance(lengths, Tensor):
-            lengths = torch.tensor(host_sizes(lengths, f"nested_row_lengths[{level}]"),
-                                   dtype=torch.int64)
+            # Host lengths give host splits, checked on the host (no sync).
+            sizes = host_sizes(lengths, f"nested_row_lengths[{level}]")
+            splits.append((0, *itertools.accumulate(sizes)))
+            continue
         offsets = lengths.new_zeros(lengths.shape[0] + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=offsets[1:])
         splits.append(offsets)

@@ -273,6 +273,9 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
     other slices read the sizes once.
     """
     partition = batch.partition
+    first = slices[0]
+    if first.stop is None and not first.start and _is_whole(slices):
+        return batch  # x[:, 0:], x[:, ::1]: every sample whole
     if batch.num_ragged_dims == 1 and (partition.knows_host_shapes or _is_prefix_slice(slices)):
         return NestedBatch.trusted(_slice_one_ragged_dim(batch, slices[0]))
     sizes = (
@@ -382,6 +385,11 @@ def _resolve_bound(bound: int | None, size: Tensor, default: int | None) -> Tens
     bound = int(bound)
     value = size + bound if bound < 0 else torch.full_like(size, bound)
     return torch.minimum(value.clamp_min(0), size)
+
+
+def _is_whole(slices: tuple[slice, ...]) -> bool:
+    """Whether every slice keeps its whole dim (``:``, ``0:``, ``::1``)."""
+    return all(s.stop is None and _is_prefix(s) for s in slices)
 
 
 def _is_prefix_slice(slices: tuple[slice, ...]) -> bool:

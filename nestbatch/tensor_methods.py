@@ -13,7 +13,7 @@ batches stay usable as dict keys and set members, compared by identity there.
 
 In-place methods (``add_``, ``+=``, ``relu_``, ...) write into the batch's stored layout (the one
 it was built in, so views of its samples see the change as with torch) and drop the other cached
-layouts; the padding of a padded layout is left as it was.
+layouts; the padding of a padded layout keeps its filler.
 """
 
 from __future__ import annotations
@@ -55,14 +55,19 @@ def tensor_property(func: Callable, name: str) -> property:
     return property(lambda self: _call(func, self), doc=f"Same as ``torch.Tensor.{name}``.")
 
 
-def _operator(name: str, reflected: bool = False) -> Callable:
+def _operator(name: str, reflected: bool = False, dunder: str = "") -> Callable:
     func = getattr(torch.Tensor, name)
+    # torch's own reflected operator (``Tensor.__rsub__``, ...): ``number <op> tensor`` is
+    # defined by it (``2 / t`` is ``t.reciprocal() * 2``; the number stays a Python scalar).
+    torch_reflected = getattr(torch.Tensor, f"__r{dunder}__", None) if reflected else None
 
     def operator(self: Any, other: Any) -> Any:
         if not (isinstance(other, _OPERAND_TYPES) or _is_batch(other)
                 or isinstance(other, Number)):
             return NotImplemented
         if reflected:
+            if torch_reflected is not None and not isinstance(other, (Tensor, TensorMethods)):
+                return _call(torch_reflected, self, other)
             # other <op> self: torch's function with the operands in their real order.
             return _call_swapped(func, self, other)
         return _call(func, self, other)
@@ -123,7 +128,7 @@ _COMPARISONS = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge"
 for _name, _torch_name in (_BINARY | _COMPARISONS).items():
     setattr(TensorMethods, f"__{_name}__", _operator(_torch_name))
 for _name, _torch_name in _BINARY.items():
-    setattr(TensorMethods, f"__r{_name}__", _operator(_torch_name, reflected=True))
+    setattr(TensorMethods, f"__r{_name}__", _operator(_torch_name, reflected=True, dunder=_name))
     inplace = getattr(torch.Tensor, _torch_name + "_", None)
     if inplace is not None:
         setattr(TensorMethods, f"__i{_name}__", _operator(_torch_name + "_"))

@@ -9,12 +9,17 @@ in ``benchmarks/bench_overhead.py``.
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
-from gpu_path import CudaRuntimeCall, HostSyncError, count, fake_cuda, trace
+from gpu_path import CudaRuntimeCall, HostSyncError, count, fake_cuda, real_values, trace
+from torch.nn.utils.rnn import pack_sequence
 
 import nestbatch as nb
 from nestbatch import NestedBatch, RaggedBatch
+
+_INVERT = torch.Tensor.__invert__  # a reference taken before any harness runs, as a registry's
 
 SIZES = (4, 64, 4096)
 FEATURES = 16
@@ -70,7 +75,7 @@ def test_harness_host_ops_are_not_launches():
 def test_harness_fails_on_a_host_sync(sync):
     with fake_cuda():
         x = torch.randn(8, device="cuda")
-        with pytest.raises((HostSyncError, CudaRuntimeCall)):
+        with pytest.raises(HostSyncError):
             count(sync, x)
 
 
@@ -79,6 +84,172 @@ def test_harness_answers_allowed_reads_and_counts_them():
         x = torch.randn(8, device="cuda")
         t = count(lambda: (bool((x > 0).all()), x.amax().cpu().tolist()), allow_syncs=True)
     assert len(t.syncs) == 2 and len(t.ops) == 3
+
+
+def test_harness_data_dependent_ops_on_host_tensors_are_host_work():
+    """nonzero, repeat_interleave, bool masks and masked_select of host tensors neither sync
+    nor launch (issue #25 item 14, defect 1)."""
+    with fake_cuda():
+        host = torch.tensor([3, 0, 2, 5])
+        out, t = trace(lambda: (host.nonzero(), torch.nonzero(host), torch.repeat_interleave(host),
+                                host[host > 1], torch.masked_select(host, host > 2)))
+    assert t.syncs == [] and t.ops == [], str(t)
+    nonzero, also, repeated, masked, selected = (o.tolist() for o in out)
+    assert nonzero == also == [[0], [2], [3]]
+    assert repeated == [0, 0, 0, 2, 2, 3, 3, 3, 3, 3]
+    assert masked == [3, 2, 5] and selected == [3, 5]
+
+
+def test_harness_host_tensors_keep_their_values():
+    """Host tensors are real tensors under the harness (defect 2)."""
+    with fake_cuda():
+        lengths = torch.tensor([3, 5, 2])
+        assert int(lengths.sum()) == 10 and lengths.tolist() == [3, 5, 2]
+        assert torch.arange(4).cumsum(0).tolist() == [0, 1, 3, 6]
+        assert not isinstance(torch.zeros(2), torch._subclasses.FakeTensor)
+
+
+def test_harness_runs_the_packed_sequence_path_of_host_lengths():
+    """Lengths given as a list become host tensors the library sorts and counts: the call takes
+    its real path (no sync, one copy of the indices) and gives torch's PackedSequence
+    (defect 2: host sizes read as 0 sent it to an error path)."""
+    lengths = [3, 5, 2]
+    samples = [torch.randn(n, 4) for n in lengths]
+    expected = pack_sequence(samples, enforce_sorted=False)
+    with fake_cuda():
+        batch = NestedBatch.from_lengths(torch.cat(samples).cuda(), lengths)
+        sequence, t = trace(nb.to_packed_sequence, batch)
+    assert t.syncs == [] and len(t.host_to_device) == 1, str(t)
+    assert sequence.batch_sizes.tolist() == expected.batch_sizes.tolist()
+    assert sequence.data.device.type == "cuda"
+    assert torch.equal(real_values(sequence.data), expected.data)
+    assert real_values(sequence.unsorted_indices).tolist() == expected.unsorted_indices.tolist()
+
+
+@pytest.mark.filterwarnings("ignore:PyTorch was compiled without cuDNN")
+def test_harness_lstm_on_a_batch_computes_torch_values():
+    """nn.LSTM on a batch with host lengths: no sync; its CUDA path (fused cells, computed on
+    the host by the harness) gives the CPU module's outputs."""
+    torch.manual_seed(0)
+    lengths = [3, 5, 2]
+    samples = [torch.randn(n, 4) for n in lengths]
+    module = torch.nn.LSTM(4, 3, batch_first=True).requires_grad_(False)
+    expected, _ = module(pack_sequence(samples, enforce_sorted=False))
+    with fake_cuda():
+        on_device = torch.nn.LSTM(4, 3, batch_first=True, device="cuda").requires_grad_(False)
+        on_device.load_state_dict(module.state_dict())
+        batch = NestedBatch.from_lengths(torch.cat(samples).cuda(), lengths)
+        (out, _), t = trace(on_device, batch)
+        got = [real_values(sample) for sample in out.unbind()]
+    assert t.syncs == [], str(t)
+    padded, _ = torch.nn.utils.rnn.pad_packed_sequence(expected, batch_first=True)
+    for i, n in enumerate(lengths):
+        torch.testing.assert_close(got[i], padded[i, :n])
+
+
+def test_harness_tolist_is_one_copy():
+    """One device-to-host copy, not one read per element (defect 3)."""
+    with fake_cuda():
+        x = torch.arange(6, device="cuda").view(2, 3)
+        out, t = trace(lambda: x.tolist(), allow_syncs=True)
+    assert out == [[0, 1, 2], [3, 4, 5]]
+    assert t.syncs == ["aten._to_copy.default"], str(t)
+
+
+@pytest.mark.parametrize(
+    "read, value",
+    [(int, 3), (float, 3.0), (bool, True), (complex, 3 + 0j), (operator.index, 3),
+     (lambda t: t.item(), 3)],
+)
+def test_harness_python_reads_are_syncs(read, value):
+    """int(t), float(t), bool(t), complex(t), t.__index__(), t.item(): a sync, answered with the
+    true value (defect 4: they crashed as CUDA runtime calls)."""
+    with fake_cuda():
+        x = torch.tensor([3], device="cuda")
+        with pytest.raises(HostSyncError):
+            count(read, x)
+        out, t = trace(read, x, allow_syncs=True)
+    assert out == value and type(out) is type(value)
+    assert len(t.syncs) == 1, str(t)
+
+
+@pytest.mark.parametrize(
+    "nonzero",
+    [lambda x: x.nonzero(), lambda x: torch.nonzero(x),
+     lambda x: torch.nonzero(x, as_tuple=True)[0], lambda x: x.nonzero(as_tuple=True)[0],
+     lambda x: torch.where(x)[0], torch.argwhere],
+)
+def test_harness_nonzero_is_a_sync_with_the_true_shape(nonzero):
+    """(defect 4: .nonzero() / torch.nonzero crashed as CUDA runtime calls)"""
+    with fake_cuda():
+        x = torch.tensor([0, 3, 0, 2], device="cuda")
+        with pytest.raises(HostSyncError):
+            count(nonzero, x)
+        out, t = trace(nonzero, x, allow_syncs=True)
+    assert t.syncs == ["aten.nonzero.default"], str(t)
+    assert out.device.type == "cuda" and real_values(out).flatten().tolist() == [1, 3]
+
+
+def test_harness_answers_reads_with_true_values():
+    """Reads are answered with the true values, data-dependent shapes are the true ones
+    (defect 5: every read answered True / 0)."""
+    with fake_cuda():
+        x = torch.tensor([1.0, -2.0, 3.0], device="cuda")
+        repeats = torch.tensor([1, 0, 2], device="cuda")
+        out, t = trace(lambda: (bool((x > 0).all()), x.sum().item(), x[x > 0], x.nonzero(),
+                                torch.repeat_interleave(x, repeats), torch.masked_select(x, x < 0)),
+                       allow_syncs=True)
+    flag, total, positive, rows, repeated, negative = out
+    assert flag is False and total == 2.0
+    assert real_values(positive).tolist() == [1.0, 3.0] and positive.device.type == "cuda"
+    assert rows.shape == (3, 1) and real_values(repeated).tolist() == [1.0, 3.0, 3.0]
+    assert real_values(negative).tolist() == [-2.0]
+    assert len(t.syncs) == 6, str(t)
+
+
+def test_harness_validation_sees_true_values():
+    """Device checks read the true values: bad offsets raise, good ones pass with one read
+    (defect 5: the answers True / 0 passed every check)."""
+    with fake_cuda():
+        values = torch.randn(10, 4, device="cuda")
+        with pytest.raises(ValueError):
+            count(NestedBatch.from_offsets, values, torch.tensor([0, 6, 4, 10], device="cuda"),
+                  allow_syncs=True)
+        batch, t = trace(NestedBatch.from_offsets, values,
+                         torch.tensor([0, 4, 6, 10], device="cuda"), allow_syncs=True)
+        lengths = real_values(batch.lengths)
+    assert len(t.syncs) == 1, str(t)
+    assert lengths.tolist() == [4, 2, 4]
+
+
+def test_harness_values_follow_views_and_in_place_ops():
+    host = torch.arange(12.0).view(3, 4)
+    expected = host.clone()
+    expected[:, 1] = -1.0
+    expected[expected > 8] = 0.0
+    expected = expected.t().contiguous() * 2
+    with fake_cuda():
+        x = host.cuda()
+        x[:, 1] = -1.0
+        x[x > 8] = 0.0
+        y = x.t().contiguous() * 2
+        assert torch.equal(real_values(y), expected)
+        assert torch.equal(y.cpu(), expected)
+
+
+def test_harness_routes_methods_referenced_before_it_started():
+    """A reference to a device-guarded method taken at import (a registry's key) works too."""
+    with fake_cuda():
+        x = torch.tensor([0, 3], device="cuda")
+        out, t = trace(_INVERT, x > 0)
+    assert t.ops == ["aten.bitwise_not.default"]
+    assert real_values(out).tolist() == [True, False]
+
+
+def test_harness_copies_of_nothing_are_neither_syncs_nor_launches():
+    with fake_cuda():
+        t = count(lambda: (torch.empty(0, device="cuda").cpu(), torch.empty(0).cuda()))
+    assert t.syncs == [] and t.ops == [], str(t)
 
 
 @pytest.mark.parametrize("spelling", ["device=", ".to"])

@@ -247,15 +247,18 @@ def tile_to_packed(values: Tensor, numel_per_tensor: Tensor) -> Tensor:
     Notes
     -----
     The output size is the sum of ``numel_per_tensor``: read from the device once when it lives
-    on one (the output shape needs it).
+    on one (the output shape needs it); counts on the CPU (kaolin's) need no read.
     """
-    numel_per_tensor = torch.as_tensor(numel_per_tensor, device=values.device)
+    numel_per_tensor = torch.as_tensor(numel_per_tensor)
     if values.shape[:1] != numel_per_tensor.shape:
         raise ValueError(
             f"values must have one entry per tensor ({numel_per_tensor.shape[0]}), got shape "
             f"{tuple(values.shape)}"
         )
-    partition = RowPartition.from_lengths(numel_per_tensor.to(torch.long))
+    if numel_per_tensor.is_cpu:  # host counts (kaolin's): the output size is known, no sync
+        partition = RowPartition.from_host_lengths(numel_per_tensor.tolist(), values.device)
+    else:
+        partition = RowPartition.from_lengths(numel_per_tensor.to(values.device, torch.long))
     rows = values[partition.row_ids]
     return rows.unsqueeze(-1) if values.dim() == 1 else rows
 
@@ -275,31 +278,37 @@ def _batch_from_list(tensor_list: Sequence[Tensor]) -> NestedBatch:
 def _batch_from_packed(
     packed_tensor: Tensor, shape_per_tensor: Tensor, first_idx: Tensor
 ) -> NestedBatch:
-    shapes = _check_shapes(shape_per_tensor, packed_tensor.device)
+    partition = _partition(shape_per_tensor, packed_tensor.device)
     first_idx = torch.as_tensor(first_idx, dtype=torch.long, device=packed_tensor.device)
-    if first_idx.shape != (shapes.shape[0] + 1,):
+    if first_idx.shape != (partition.batch_size + 1,):
         raise ValueError(
-            f"first_idx must have shape ({shapes.shape[0] + 1},) (B + 1), got "
+            f"first_idx must have shape ({partition.batch_size + 1},) (B + 1), got "
             f"{tuple(first_idx.shape)}"
         )
-    partition = RowPartition.from_shapes(shapes)
     # first_idx is the offsets kaolin already computed: reuse it instead of a cumsum.
     partition.__dict__["offsets"] = first_idx
     return NestedBatch(Packed(packed_tensor, partition=partition))
 
 
 def _batch_from_padded(padded_tensor: Tensor, shape_per_tensor: Tensor) -> NestedBatch:
-    shapes = _check_shapes(shape_per_tensor, padded_tensor.device)
-    return NestedBatch(Padded(padded_tensor, shape_per_sample=shapes, validate=False))
+    partition = _partition(shape_per_tensor, padded_tensor.device)
+    return NestedBatch(Padded(padded_tensor, partition=partition))
 
 
-def _check_shapes(shape_per_tensor: Tensor, device: torch.device) -> Tensor:
+def _partition(shape_per_tensor: Tensor, device: torch.device) -> RowPartition:
+    """The partition of ``shape_per_tensor``: host sizes when it is on the CPU, as kaolin keeps
+    it (then no conversion reads the device), else sizes on the device."""
     shapes = torch.as_tensor(shape_per_tensor, dtype=torch.long)
     if shapes.dim() != 2 or shapes.shape[1] < 1:
         raise ValueError(
             f"shape_per_tensor must have shape (B, k) with k >= 1, got {tuple(shapes.shape)}"
         )
-    return shapes.to(device)
+    if not shapes.is_cpu:
+        return RowPartition.from_shapes(shapes.to(device))
+    host = shapes.tolist()  # a host tensor: no sync
+    if any(size < 0 for shape in host for size in shape):
+        raise ValueError(f"shape_per_tensor must be non-negative, got {host}")
+    return RowPartition.from_host_shapes(host, shapes.shape[1], device)
 
 
 def _max_shape_arg(max_shape: Sequence[int | None] | Tensor | None) -> Sequence[int | None] | None:

@@ -38,5 +38,6 @@ def packed_to_list(packed: Packed) -> TensorList:
         piece.view(*shape, *feature) for piece, shape in zip(pieces, partition.host_shapes)
     ]
     return TensorList(
-        tensors, partition.num_ragged_dims, feature_shape=feature, partition=partition
+        tensors, partition.num_ragged_dims, feature_shape=feature, partition=partition,
+        dtype=packed.dtype,  # (an empty list has no sample to tell it)
     )

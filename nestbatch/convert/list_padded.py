@@ -41,6 +41,7 @@ def list_to_padded(
         and partition.num_ragged_dims == 1
         and partition.batch_size > 0
         and partition.device.type == "cpu"
+        and float(padding_value) == padding_value  # (pad_sequence takes a double)
         and not _packed_route_pays(tensor_list)
     ):
         # pad_sequence's C++ function: its Python wrapper only checks and tuples the argument
@@ -77,4 +78,5 @@ def padded_to_list(padded: Padded) -> TensorList:
         partition.num_ragged_dims,
         feature_shape=padded.feature_shape,
         partition=partition,
+        dtype=padded.dtype,  # (an empty list has no sample to tell it)
     )

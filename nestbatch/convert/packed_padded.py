@@ -22,6 +22,7 @@ from torch import Tensor
 from nestbatch import kernels
 from nestbatch.kernels import reference
 from nestbatch.layouts import Packed, Padded, RowPartition
+from nestbatch.layouts.padded import filler_key
 
 
 def resolve_padded_shape(
@@ -203,7 +204,8 @@ def padded_to_packed(padded: Padded) -> Packed:
 
 def refill_padding(padded: Padded, padding_value: float) -> Padded:
     """The same batch with every padded slot set to ``padding_value`` (not in place)."""
-    if padded.padding_value == padding_value:
+    if padded.padding_value is not None and \
+            filler_key(padded.padding_value) == filler_key(padding_value):
         return padded
     if padded.partition.num_ragged_dims == 1:
         data = kernels.call("fill_padding", padded.data, padded.partition.lengths, padding_value)

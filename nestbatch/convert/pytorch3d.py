@@ -79,7 +79,7 @@ def padded_to_list(
         # Mixed int / sequence entries crop different numbers of dims: one view per sample.
         return [y[tuple(slice(0, s) for s in r)] for y, r in zip(x.unbind(0), rows)]
     shapes = torch.tensor(rows, dtype=torch.long).reshape(len(rows), -1)
-    return list(NestedBatch(Padded(x, shape_per_sample=shapes.to(x.device))).unbind())
+    return list(NestedBatch(Padded(x, shape_per_sample=shapes)).unbind())  # host sizes: no sync
 
 
 def list_to_packed(x: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -12,24 +12,31 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nestbatch._validation import as_index_tensor, check_tensor
+from nestbatch._validation import as_index_tensor, check_tensor, host_ints
 
 
-def offsets_from_row_starts(row_starts: Tensor | Sequence[int], num_values: int) -> Tensor:
+def offsets_from_row_starts(
+    row_starts: Tensor | Sequence[int], num_values: int
+) -> Tensor | list[int]:
     """Offsets ``(B + 1,)`` from the start of every row ``(B,)`` (TF ``row_starts``).
 
-    ``row_starts`` is ``offsets[:-1]``; the last offset is the number of values.
+    ``row_starts`` is ``offsets[:-1]``; the last offset is the number of values. Host starts
+    give host offsets (a list: checked on the host, no device involved), a tensor a tensor.
     """
-    starts = as_index_tensor(row_starts, "row_starts", _device_of(row_starts))
+    if not isinstance(row_starts, Tensor):
+        return [*host_ints(row_starts, "row_starts"), num_values]
+    starts = as_index_tensor(row_starts, "row_starts", row_starts.device)
     return torch.cat([starts, starts.new_tensor([num_values])])
 
 
-def offsets_from_row_limits(row_limits: Tensor | Sequence[int]) -> Tensor:
+def offsets_from_row_limits(row_limits: Tensor | Sequence[int]) -> Tensor | list[int]:
     """Offsets ``(B + 1,)`` from the end of every row ``(B,)`` (TF ``row_limits``).
 
-    ``row_limits`` is ``offsets[1:]``; the first offset is 0.
+    ``row_limits`` is ``offsets[1:]``; the first offset is 0. Host limits give host offsets.
     """
-    limits = as_index_tensor(row_limits, "row_limits", _device_of(row_limits))
+    if not isinstance(row_limits, Tensor):
+        return [0, *host_ints(row_limits, "row_limits")]
+    limits = as_index_tensor(row_limits, "row_limits", row_limits.device)
     return torch.cat([limits.new_zeros(1), limits])
 
 
@@ -46,7 +53,3 @@ def lengths_without_trailing_padding(data: Tensor, padding: float) -> Tensor:
     is_pad = (data == padding).reshape(*data.shape[:2], -1).all(-1)
     trailing = is_pad.flip(1).to(torch.int64).cumprod(1).sum(1)
     return data.shape[1] - trailing
-
-
-def _device_of(value: Tensor | Sequence[int]) -> torch.device:
-    return value.device if isinstance(value, Tensor) else torch.device("cpu")

@@ -137,7 +137,8 @@ def _held_exactly(filler: Number, dtype: torch.dtype) -> bool:
     if isinstance(filler, float) and not filler.is_integer():
         return False
     low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
-    return low <= filler <= high
+    # (The kernels take a double: int64 fillers beyond 2**53 would be rounded.)
+    return low <= filler <= high and float(filler) == filler
 
 
 def _applies(data: Tensor, index: Tensor) -> bool:

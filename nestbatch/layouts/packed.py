@@ -103,9 +103,12 @@ def _partition_from_offsets(offsets: Tensor, values: Tensor, validate: bool) -> 
         raise TypeError(f"offsets must be an integer tensor (int32 or int64), got {offsets.dtype}")
     if offsets.dim() != 1:
         raise ValueError(f"offsets must be 1-d (B + 1,), got shape {tuple(offsets.shape)}")
-    offsets = offsets.to(device=values.device, dtype=torch.int64)
+    host = offsets.is_cpu and not values.is_cpu  # sizes on the host, data on a device
+    offsets = offsets.to(device=offsets.device if host else values.device, dtype=torch.int64)
     if validate:
-        check_offsets_on_device(offsets, values.shape[0])
+        check_offsets_on_device(offsets, values.shape[0])  # (host work for host offsets)
+    if host:
+        return RowPartition.from_host_lengths_tensor(offsets.diff(), values.device)
     return RowPartition.from_offsets(offsets)
 
 
@@ -115,12 +118,10 @@ def _partition_from_shapes(shapes: Tensor, values: Tensor, validate: bool) -> Ro
         raise TypeError(f"shape_per_sample must be an integer tensor, got {shapes.dtype}")
     if shapes.dim() != 2:
         raise ValueError(f"shape_per_sample must have shape (B, k), got {tuple(shapes.shape)}")
-    partition = RowPartition.from_shapes(shapes.to(device=values.device, dtype=torch.int64))
-    if validate:
-        check_non_negative(partition.shape_per_sample, "shape_per_sample")
-        if partition.total != values.shape[0]:
-            raise ValueError(
-                f"shape_per_sample describes {partition.total} rows but values has "
-                f"{values.shape[0]}"
-            )
-    return partition
+    host = shapes.is_cpu and not values.is_cpu  # sizes on the host, data on a device
+    shapes = shapes.to(device=shapes.device if host else values.device, dtype=torch.int64)
+    if validate:  # one read (host work for host shapes)
+        check_non_negative(shapes, "shape_per_sample", total=values.shape[0])
+    if host:
+        return RowPartition.from_host_shape_tensor(shapes, values.device)
+    return RowPartition.from_shapes(shapes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nestbatch._validation import check_fits, check_non_negative, check_tensor
+from nestbatch._validation import check_fits, check_tensor
 from nestbatch.kernels.reference import sizes_mask
 from nestbatch.layouts.base import RaggedLayout
 from nestbatch.layouts.memo import memoized
@@ -121,6 +121,12 @@ class Padded(RaggedLayout):
         return self.partition.mask(self.padded_shape)
 
 
+def filler_key(value: float | int | bool) -> object:
+    """A padding value as a key: floats by their bits' spelling, so that ``-0.0`` and ``0.0``
+    are two fillers and every NaN is the same one (``==`` says otherwise on both)."""
+    return float.hex(value) if type(value) is float else value
+
+
 def check_padding_side(side: object, num_ragged_dims: int) -> str:
     """``side`` if it is ``"right"`` or ``"left"`` (the latter with one ragged dim)."""
     if side not in ("right", "left"):
@@ -144,7 +150,8 @@ def _partition_from_sizes(
         raise ValueError(
             f"{name} must be {expected_dims}-d, got shape {tuple(sizes.shape)}"
         )
-    sizes = sizes.to(device=data.device, dtype=torch.int64)
+    host = sizes.is_cpu and not data.is_cpu  # sizes on the host, data on a device
+    sizes = sizes.to(device=sizes.device if host else data.device, dtype=torch.int64)
     if sizes.dim() == 1:
         sizes = sizes[:, None]
     if sizes.shape[0] != data.shape[0]:
@@ -158,6 +165,7 @@ def _partition_from_sizes(
                 f"data must have at least {1 + k} dims for {k} ragged dim(s), got "
                 f"{tuple(data.shape)}"
             )
-        check_non_negative(sizes, name)
-        check_fits(sizes, data.shape[1 : 1 + k], name)
+        check_fits(sizes, data.shape[1 : 1 + k], name)  # (host work for host sizes: no sync)
+    if host:
+        return RowPartition.from_host_shape_tensor(sizes, data.device)
     return RowPartition.from_shapes(sizes)

@@ -159,6 +159,14 @@ class RowPartition:
         return partition
 
     @classmethod
+    def from_host_shape_tensor(cls, shapes: Tensor, device: torch.device) -> RowPartition:
+        """Partition of data on ``device`` from ``(B, k)`` int64 shapes held in a CPU tensor
+        (read without a sync; the caller has checked them): the host keeps the sizes."""
+        if shapes.shape[1] == 1:
+            return cls.from_host_lengths_tensor(shapes[:, 0].contiguous(), device)
+        return cls.from_host_shapes(shapes.tolist(), shapes.shape[1], device)
+
+    @classmethod
     def from_lengths(
         cls,
         lengths: Tensor,

@@ -74,6 +74,11 @@ def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         return varlen_attention(backend, q, k, v, params.get("dropout_p", 0.0), causal,
                                 params.get("scale"))
     qd, kd, vd = (x.padded(0.0).data for x in (q, k, v))
+    # Keys and values share their sizes but may be padded to different widths (one stored
+    # padded by a loader, the other converted from packed rows): both widths hold every key,
+    # so the narrower one fits both (a view of the wider).
+    width = min(kd.shape[1], vd.shape[1])
+    kd, vd = kd.narrow(1, 0, width), vd.narrow(1, 0, width)
     heads = qd.dim() == 4
     if heads:
         qd, kd, vd = (t.transpose(1, 2) for t in (qd, kd, vd))

@@ -53,7 +53,9 @@ def torch_funcs(*names: str, functional: bool = False) -> tuple[Callable, ...]:
             sources.append(F)
         for source in sources:
             func = getattr(source, name, None)
-            if func is not None and func not in found:
+            # Only functions: ``torch.float`` is a dtype and ``Tensor.real`` a descriptor (the
+            # property ``batch.real`` is made from ``torch.real``).
+            if callable(func) and func not in found:
                 found.append(func)
     return tuple(found)
 
@@ -154,10 +156,10 @@ def fill_value_for(dtype: torch.dtype, kind: str) -> float | int | bool:
 def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
     """Write ``result``'s elements into ``batch``'s stored tensors, in place; return ``batch``.
 
-    The in-place contract (see :mod:`nestbatch.ops.tensor_methods`): the layout the batch was
+    The in-place contract (see :mod:`nestbatch.tensor_methods`): the layout the batch was
     built in is updated in place (so views of its samples see the change, as with torch), the
-    padding of a padded layout is left untouched, and every other cached layout is dropped,
-    since it now holds stale values.
+    padding of a padded layout keeps its filler (when it has one), and every other cached
+    layout is dropped, since it now holds stale values.
 
     Raises
     ------
@@ -174,11 +176,16 @@ def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
             f"match the batch's {tuple(batch.feature_shape)}"
         )
     primary = stored_layout(batch)
-    values = result.values.to(batch.dtype)
+    result = result.to(batch.dtype)
     if isinstance(primary, Padded):
-        primary.data.index_put_((primary.mask,), values)
+        # The result padded as the stored data is (its width, side and filler), copied over:
+        # one conversion and one copy (writing through the mask would read it on the host).
+        filler = 0 if primary.padding_value is None else primary.padding_value
+        padded = result.padded(filler, tuple(primary.padded_shape),
+                               padding_side=primary.padding_side)
+        primary.data.copy_(padded.data)
     elif hasattr(primary, "values"):
-        primary.values.copy_(values)
+        primary.values.copy_(result.values)
     else:
         for tensor, new in zip(primary.tensors, result.tensor_list().tensors):
             tensor.copy_(new)

@@ -9,8 +9,10 @@ operand (``x.exp()``, ``x * 2``), it runs on the padded data instead and the res
 A batch whose ragged dim was moved (:attr:`~nestbatch.NestedBatch.ragged_dim`) keeps it there;
 the broadcasting rules for it are in :mod:`nestbatch.ops.broadcasting`.
 
-In-place forms (``add_``, ``x += y``, ``clamp_``, ...) compute the result out of place and write
-it into the batch's stored layout (see :func:`nestbatch.ops.common.replace_storage`).
+In-place forms (``add_``, ``x += y``, ``clamp_``, ``fill_``, ``zero_``, ...) run torch's in-place
+op on the stored packed rows (or padded data, the padding put back), else compute the result out
+of place and write it into the batch's stored layout (see
+:func:`nestbatch.ops.common.replace_storage`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, map_stored
-from nestbatch.layouts import Layout
+from nestbatch.batch import (
+    NestedBatch,
+    cached_layout,
+    forget_derived_layouts,
+    map_stored,
+    stored_layout,
+)
+from nestbatch.layouts import Layout, Packed, Padded
 from nestbatch.ops.broadcasting import broadcast_error, feature_ndim, packed_operand
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
+    check_same_structure,
     first_batch,
     is_batch,
     replace_storage,
@@ -58,11 +67,10 @@ DUNDERS = (
     "__rpow__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__",
     "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__neg__", "__abs__", "__invert__",
 )
-INPLACE_DUNDERS = {
-    "__iadd__": "add", "__isub__": "sub", "__imul__": "mul", "__itruediv__": "div",
-    "__ifloordiv__": "floor_divide", "__imod__": "remainder", "__ipow__": "pow",
-    "__iand__": "bitwise_and", "__ior__": "bitwise_or", "__ixor__": "bitwise_xor",
-}
+INPLACE_DUNDERS = (
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+    "__iand__", "__ior__", "__ixor__",
+)
 
 
 def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -79,7 +87,7 @@ def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         # torch.sub(3, x) reaches us with a Python number first; torch's ops want a tensor there.
         args = (torch.as_tensor(args[0]), *args[1:])
     dense = [o for o in others if is_batch(o) or (isinstance(o, Tensor) and o.dim() > 0)]
-    if layout is Layout.PADDED and not dense:
+    if layout is Layout.PADDED and not dense and not _divides_integers(func, ref):
         padded = ref.padded(None)
         new_args = tuple(padded.data if a is ref else a for a in args)
         new_kwargs = {key: padded.data if v is ref else v for key, v in kwargs.items()}
@@ -94,6 +102,21 @@ def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             raise broadcast_error(exc, ref, others) from exc
         raise
     return ref.with_values(out)
+
+
+#: Ops that raise on an integer zero (torch's ``ZeroDivisionError``): never run over the
+#: padding of an integer batch, whose filler may be 0.
+_DIVISIONS = frozenset({
+    "floor_divide", "remainder", "fmod", "div", "divide", "true_divide", "__floordiv__",
+    "__rfloordiv__", "__mod__", "__rmod__", "__truediv__", "__rtruediv__", "__rdiv__",
+    "floor_divide_", "remainder_", "fmod_", "div_", "divide_", "true_divide_",
+    "__ifloordiv__", "__imod__", "__idiv__",
+})
+
+
+def _divides_integers(func: Any, batch: NestedBatch) -> bool:
+    return getattr(func, "__name__", "") in _DIVISIONS and not (
+        batch.dtype.is_floating_point or batch.dtype.is_complex)
 
 
 def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, list] | None:
@@ -124,16 +147,15 @@ def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, li
     return ref, values
 
 
-def _out_of_place(func: Any, args: tuple, kwargs: dict) -> Any:
-    name = func.__name__
-    base = INPLACE_DUNDERS.get(name, name[:-1])
-    target = args[0] if args else None
-    if not is_batch(target):
-        raise TypeError(
-            f"Tensor.{name} cannot write a ragged result into a dense tensor; use the "
-            "out-of-place op"
-        )
-    return getattr(torch.Tensor, base), target
+def _refuse_dense_target(func: Any, target: Any) -> None:
+    """Raise for an in-place op whose target is a dense tensor (``d += batch``)."""
+    # A RuntimeError, as torch's for an output that cannot hold the result: Python turns a
+    # TypeError from ``d += batch`` into a silent ``d = d + batch``.
+    raise RuntimeError(
+        f"Tensor.{func.__name__}: a dense tensor of shape {tuple(target.shape)} cannot hold the "
+        "result with a NestedBatch operand in place (the result is ragged); use the "
+        "out-of-place op (d = d + batch)"
+    )
 
 
 @register(*torch_funcs(*UNARY, *BINARY), *(getattr(torch.Tensor, d) for d in DUNDERS),
@@ -154,11 +176,70 @@ _INPLACE = tuple(
 ) + tuple(getattr(torch.Tensor, name) for name in INPLACE_DUNDERS if hasattr(torch.Tensor, name))
 
 
-@register(*_INPLACE, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
+@register(*_INPLACE, torch.Tensor.zero_, torch.Tensor.fill_, layouts=PACKED_OR_PADDED,
+          prefer=Layout.PACKED, moved_ragged=True)
 def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    base, target = _out_of_place(func, args, kwargs)
-    result = elementwise(Layout.PACKED, base, args, kwargs)
-    return replace_storage(target, result)
+    """``b.add_(x)``, ``b += x``, ``b.exp_()``, ``b.fill_(v)``, ...: torch's in-place op itself,
+    so torch's rules (result dtype, broadcasting into the target's shape) decide what runs.
+
+    On the stored tensors where the operands line up with them: one launch on packed rows; on
+    padded data, batch operands are padded as it is, and two more ops put the filler back in
+    the padding when it has one. Otherwise (a list layout, a per-sample operand of a padded
+    batch) on a copy of the packed rows, written back
+    (:func:`~nestbatch.ops.common.replace_storage`).
+    """
+    target = args[0] if args else None
+    if not is_batch(target):
+        _refuse_dense_target(func, target)
+    stored = stored_layout(target)
+    if isinstance(stored, Padded) and not _divides_integers(func, target):
+        operands = _padded_operands(target, stored, args[1:], kwargs)
+        if operands is not None:
+            func(stored.data, *operands[0], **operands[1])
+            if stored.padding_value is not None:  # the contract: the padding keeps its filler
+                stored.data.masked_fill_(~_expand(stored.mask, stored.data), stored.padding_value)
+            forget_derived_layouts(target)
+            return target
+    nf = feature_ndim(nested_arguments(args, kwargs))
+    operands = [packed_operand(a, target, nf) for a in args[1:]]
+    extra = {key: packed_operand(v, target, nf) for key, v in kwargs.items()}
+    if isinstance(stored, Packed):
+        func(stored.values, *operands, **extra)
+        forget_derived_layouts(target)
+        return target
+    values = target.values.clone()
+    func(values, *operands, **extra)
+    return replace_storage(target, target.with_values(values))
+
+
+def _padded_operands(target: NestedBatch, stored: Padded, args: tuple,
+                     kwargs: dict) -> tuple[list, dict] | None:
+    """The operands of an in-place op run on ``stored.data``, the target's padded data: batches
+    padded as it is (a cached layout of that shape, or one conversion), scalars and tensors over
+    the feature dims as they are. None when an operand does not line up with the padded data
+    (a per-sample tensor, a batch presenting other dims): the general path handles it."""
+    converted: list = []
+    for x in (*args, *kwargs.values()):
+        if is_batch(x):
+            if x.ragged_dim != target.ragged_dim or x.dim() != target.dim():
+                return None
+            check_same_structure(target, x, "the two batches of an elementwise op")
+            cached = cached_layout(x, Layout.PADDED)
+            if (cached is not None and stored.padding_side == "right"
+                    and cached.padded_shape == stored.padded_shape):
+                x = cached.data
+            else:
+                x = x.padded(0.0, tuple(stored.padded_shape),
+                             padding_side=stored.padding_side).data
+        elif isinstance(x, Tensor) and x.dim() > 0 and (
+                target.ragged_dim != 1 or x.dim() > len(target.feature_shape)):
+            return None
+        converted.append(x)
+    return converted[: len(args)], dict(zip(kwargs, converted[len(args):]))
+
+
+def _expand(mask: Tensor, data: Tensor) -> Tensor:
+    return mask.view(*mask.shape, *([1] * (data.dim() - mask.dim())))
 
 
 @register(*torch_funcs("empty_like", "zeros_like", "ones_like", "full_like", "rand_like",

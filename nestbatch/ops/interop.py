@@ -30,13 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.utils.rnn import PackedSequence
 
 from nestbatch.batch import NestedBatch, stored_layout
-from nestbatch.convert.packed_sequence import (
-    packed_sequence_to_packed,
-    packed_to_packed_sequence,
-)
+from nestbatch.convert.packed_sequence import TimeMajorOrder
 from nestbatch.layouts import Layout
 from nestbatch.ops.registry import register
 
@@ -119,30 +115,29 @@ def _recurrent(layout: Layout, func: Any, args: tuple, kwargs: dict) -> tuple:
     if not kept:
         return (_empty_output(batch, states[0], settings[-1]), *states)
     values = batch.packed().values
-    sequence = packed_to_packed_sequence(
-        NestedBatch.from_lengths(values, [lengths[i] for i in kept], validate=False).packed()
-    )
-    kept_index = None if len(kept) == len(lengths) else torch.tensor(kept, device=values.device)
-    initial = tuple(_select(h, kept_index, sequence.sorted_indices) for h in states)
+    some_empty = len(kept) < len(lengths)
+    # Every index the call needs reaches the device in one copy (the order is host work).
+    kept_host = torch.tensor(kept, dtype=torch.int64)
+    order = TimeMajorOrder([lengths[i] for i in kept], values.device,
+                           extra=(kept_host,) if some_empty else ())
+    kept_index = order.extra[0] if some_empty else None
+    # The initial states of the kept samples, longest first: one gather per state.
+    state_index = order.sorted_indices if kept_index is None else \
+        kept_index.index_select(0, order.sorted_indices)
+    initial = tuple(h.index_select(1, state_index) for h in states)
     result = func(
-        sequence.data,
-        sequence.batch_sizes,
+        values.index_select(0, order.rows),
+        order.batch_sizes,
         initial if len(initial) > 1 else initial[0],
         *settings,
     )
-    output = _unpack_output(result[0], sequence, lengths)
+    # Empty samples add no rows: the kept samples' rows in order are the whole batch's rows.
+    output = batch.with_values(result[0].index_select(0, order.packed_rows))
     finals = tuple(
-        _splice(h, state, kept_index, sequence.unsorted_indices)
+        _splice(h, state, kept_index, order.unsorted_indices)
         for h, state in zip(result[1:], states)
     )
     return (output, *finals)
-
-
-def _select(state: Tensor, kept: Tensor | None, sorted_indices: Tensor) -> Tensor:
-    # Initial states of the kept samples, in the PackedSequence's longest-first order.
-    if kept is not None:
-        state = state.index_select(1, kept)
-    return state.index_select(1, sorted_indices)
 
 
 def _splice(final: Tensor, initial: Tensor, kept: Tensor | None, unsorted: Tensor) -> Tensor:
@@ -151,14 +146,6 @@ def _splice(final: Tensor, initial: Tensor, kept: Tensor | None, unsorted: Tenso
     if kept is None:
         return final
     return initial.index_copy(1, kept, final)
-
-
-def _unpack_output(data: Tensor, sequence: PackedSequence, lengths: tuple[int, ...]) -> NestedBatch:
-    out = PackedSequence(
-        data, sequence.batch_sizes, sequence.sorted_indices, sequence.unsorted_indices
-    )
-    # Empty samples add no rows: the kept samples' rows in order are the whole batch's rows.
-    return NestedBatch.from_lengths(packed_sequence_to_packed(out).values, lengths, validate=False)
 
 
 def _empty_output(batch: NestedBatch, h0: Tensor, bidirectional: bool) -> NestedBatch:

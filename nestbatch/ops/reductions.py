@@ -14,6 +14,12 @@ Empty samples follow TensorFlow: ``sum`` 0, ``prod`` 1, ``count_nonzero`` 0, ``m
 highest, ``logsumexp`` -inf, ``any`` False, ``all`` True, ``argmax`` / ``argmin`` (and the
 indices of ``max`` / ``min``) -1 (our choice: there is no element to point at).
 
+Half precision (float16, bfloat16): sums, means, products and ``logsumexp`` over the ragged
+dims accumulate in float32 and round once, as torch's do (torch's CPU product alone rounds every
+multiplication to half precision; nestbatch's product is torch's on CUDA). ``var`` / ``std``
+of float16 / bfloat16 / float32 values are computed in float64 on the CPU, as torch's CPU
+kernels are (float32 on CUDA, as torch's there).
+
 ``softmax`` / ``log_softmax`` over a ragged dim exclude the padding: segment softmax on packed
 rows (``k == 1``), masked softmax on padded data (any ragged dim).
 
@@ -42,7 +48,7 @@ from nestbatch.ops.common import (
 )
 from nestbatch.ops.elementwise import elementwise
 from nestbatch.ops.registry import register
-from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
+from nestbatch.ops.segment import WIDENED_DTYPES, fill_empty, segment_reduce
 
 _COMPOSABLE = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "count_nonzero", "any", "all"}
 _SECOND_STAGE = {"count_nonzero": "sum"}  # how a feature stage continues a ragged stage
@@ -103,6 +109,12 @@ def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: fl
         total = segment_reduce((values - shift[batch.row_ids]).exp(), batch, "sum")
         return total.log() + shift
     if name in ("var", "std"):
+        if values.shape[0]:
+            # Shifted by each sample's first element (the variance does not change): the sum
+            # of the mean pass cannot overflow where the values are huge but close together
+            # (two float32 maxima have variance 0, as torch's Welford kernels give).
+            first = batch.offsets[:-1].clamp(max=values.shape[0] - 1)
+            values = values - values.detach().index_select(0, first)[batch.row_ids]
         mean = segment_reduce(values, batch, "mean")
         dev = values - mean[batch.row_ids]
         squares = segment_reduce((dev * dev.conj()).real, batch, "sum")
@@ -126,7 +138,12 @@ def _finish_var(squares: Tensor, batch: NestedBatch, correction: float, name: st
 
 def _segment_arg(batch: NestedBatch, values: Tensor, name: str) -> Tensor:
     best = segment_reduce(values, batch, "amax" if name == "argmax" else "amin")
-    hit = values == best[batch.row_ids]
+    best_rows = best[batch.row_ids]
+    hit = values == best_rows
+    if values.is_floating_point() or values.is_complex():
+        # NaN is the largest and the smallest value (torch.argmax points at the first NaN),
+        # and NaN == NaN is False.
+        hit = hit | (values.isnan() & best_rows.isnan())
     positions = batch.partition.positions.view(-1, *([1] * (values.dim() - 1)))
     big = torch.iinfo(torch.int64).max
     candidates = torch.where(hit, positions, torch.full_like(positions, big))
@@ -141,8 +158,10 @@ def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float)
     dims = tuple(range(1, 1 + k))
     mask = _expand_to(padded.mask, data)
     if name in ("argmax", "argmin"):
-        kind = "lowest" if name == "argmax" else "highest"
-        filled = data.masked_fill(~mask, fill_value_for(data.dtype, kind))
+        # The padding follows every sample's elements: a filler equal to a sample's best value
+        # loses to it (the first hit wins), so the extreme of the dtype, infinities included,
+        # never points past the sample's end.
+        filled = data.masked_fill(~mask, _identity(data.dtype, name))
         flat = filled.flatten(1, k)
         index = flat.argmax(1) if name == "argmax" else flat.argmin(1)
         empty = _lengths_like(batch, index) == 0
@@ -160,12 +179,16 @@ def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float)
     if name == "prod":
         return data.masked_fill(~mask, 1).flatten(1, k).prod(1)
     if name in ("amax", "amin"):
-        fill = fill_value_for(data.dtype, "lowest" if name == "amax" else "highest")
-        filled = data.masked_fill(~mask, fill)
-        return filled.amax(dims) if name == "amax" else filled.amin(dims)
+        filled = data.masked_fill(~mask, _identity(data.dtype, name))
+        out = filled.amax(dims) if name == "amax" else filled.amin(dims)
+        # An empty sample reduced over infinities: TF's finite extreme instead.
+        return fill_empty(out, batch.partition, name)
     if name == "logsumexp":
         return data.masked_fill(~mask, float("-inf")).logsumexp(dims)
     if name in ("var", "std"):
+        # Shifted by each sample's first element, as on the packed rows.
+        first = data.detach()[(slice(None), *([0] * k))]
+        data = data - first.view(first.shape[0], *([1] * k), *first.shape[1:])
         count = _lengths_like(batch, data.sum(dims)).to(data.dtype)
         mean = data.masked_fill(~mask, 0).sum(dims) / count
         dev = (data - mean.view(mean.shape[0], *([1] * k), *mean.shape[1:])).masked_fill(~mask, 0)
@@ -173,7 +196,19 @@ def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float)
     raise ValueError(f"unknown reduction {name}")
 
 
+def _identity(dtype: torch.dtype, name: str) -> float | int | bool:
+    """The value padding takes so that it never wins ``name`` (amax / argmax: the lowest,
+    -inf for floating dtypes; amin / argmin: the highest)."""
+    lowest = name in ("amax", "argmax")
+    if dtype.is_floating_point:
+        return float("-inf") if lowest else float("inf")
+    return fill_value_for(dtype, "lowest" if lowest else "highest")
+
+
 # =========================================================================== the entry points
+#: Dtypes whose variance torch's CPU kernels accumulate in float64.
+_DOUBLE_VARIANCE = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
 #: Reductions that accumulate: widened from half precision (see :func:`reduce`).
 _ACCUMULATING = frozenset({"sum", "mean", "prod", "logsumexp", "var", "std"})
 
@@ -201,12 +236,22 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
             "dim(s) first, then the dense result"
         )
     result_dtype = batch.dtype if dtype is None else dtype
+    _check_ragged_dtype(name, result_dtype)
+    if name == "logsumexp" and not (result_dtype.is_floating_point or result_dtype.is_complex):
+        # torch.logsumexp of integers and bools is computed in the default float dtype.
+        result_dtype = dtype = torch.get_default_dtype()
     widened = name in _ACCUMULATING and result_dtype in WIDENED_DTYPES
     if widened:
         # Half precision: computed in float32 and rounded once, as torch's reductions are
         # (torch.segment_reduce would sum in half precision, and a sum rounded before it is
         # divided or reduced over the feature dims rounds twice).
         dtype = WIDENED_DTYPES[result_dtype]
+    if name in ("var", "std") and result_dtype in _DOUBLE_VARIANCE and batch.device.type == "cpu":
+        # As torch's CPU kernels: in float64, which neither overflows (float32 values near
+        # its maximum have a finite std) nor underflows. (On CUDA torch's, and these, are
+        # computed in float32.)
+        dtype = torch.float64
+        widened = True
     if layout is Layout.PADDED and all(batch.max_shape):
         out = _ragged_padded(batch, name, dtype, correction)
     else:
@@ -225,14 +270,38 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
     return out
 
 
+def _check_ragged_dtype(name: str, dtype: torch.dtype) -> None:
+    """Refuse, on every layout, the dtypes torch's reduction refuses (the padded and packed
+    kernels would otherwise answer differently: a padded mean of integers divides in floats).
+
+    Raises
+    ------
+    RuntimeError
+        With torch's message: ``mean`` / ``var`` / ``std`` of integers or bools, ``argmax`` /
+        ``argmin`` of bools.
+    """
+    if name in ("mean", "var", "std") and not (dtype.is_floating_point or dtype.is_complex):
+        if name == "mean":
+            raise RuntimeError(
+                "mean(): could not infer output dtype. Input dtype must be either a floating "
+                f"point or complex dtype. Got: {dtype} (give dtype= or convert the batch)"
+            )
+        raise RuntimeError(
+            f"{name}: std and var only support floating point and complex dtypes, got {dtype}"
+        )
+    if name in ("argmax", "argmin") and dtype == torch.bool:
+        raise RuntimeError(f"{name}(): does not support bool input")
+
+
 def _feature_reduce(func: Any, values: Tensor, dims: tuple[int, ...], keepdim: bool,
                     extra: dict) -> Tensor:
     if func in (torch.any, torch.all, torch.argmax, torch.argmin) and len(dims) == 1:
         return func(values, dims[0], keepdim=keepdim)
-    if func is torch.prod and len(dims) > 1:
+    if func is torch.prod:
         # torch.prod takes one dim: reduce the dims one at a time, the last first.
         for d in sorted(dims, reverse=True):
-            values = torch.prod(values, d, keepdim=keepdim)
+            values = torch.prod(values, d, keepdim=keepdim, **extra)
+            extra = {}
         return values
     if func is torch.count_nonzero:
         out = func(values, dims)
@@ -280,9 +349,10 @@ def _segment_fast_path(func: Any, args: tuple, kwargs: dict) -> Any:
 def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     name = "sum" if func.__name__ == "nansum" else func.__name__
-    values_fn = func.__name__ == "nansum"
-    if values_fn:
-        batch = batch.with_values(batch.values.nan_to_num(0.0))
+    if func.__name__ == "nansum" and (batch.dtype.is_floating_point or batch.dtype.is_complex):
+        # NaN counts as 0; infinities stay (nan_to_num would make them the dtype's extremes).
+        values = batch.values
+        batch = batch.with_values(values.masked_fill(values.isnan(), 0))
     dims = _dims(batch, _arg(args, kwargs, 1, "dim", kwargs.get("axis")))
     keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
     return reduce(layout, batch, name, dims, keepdim, kwargs.get("dtype"))
@@ -314,7 +384,9 @@ def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     dims = _dims(batch, other)
     keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
     best = reduce(layout, batch, "amax" if name == "max" else "amin", dims, keepdim)
-    index = reduce(layout, batch, "argmax" if name == "max" else "argmin", dims, keepdim)
+    # torch.max(bools, dim) has indices though torch.argmax(bools) is refused: found on 0 / 1.
+    ranked = batch.to(torch.uint8) if batch.dtype == torch.bool else batch
+    index = reduce(layout, ranked, "argmax" if name == "max" else "argmin", dims, keepdim)
     result_type = torch.return_types.max if name == "max" else torch.return_types.min
     return result_type((best, index))
 

@@ -189,7 +189,8 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
         For a function with no entry, naming it and the way to a plain tensor; for an entry that
         does not handle a moved ragged dim given a batch with one.
     """
-    if type(func) is FunctionType and torch.compiler.is_compiling():
+    if type(func) is FunctionType and torch.compiler.is_compiling() and args \
+            and type(args[0]) is not NestedBatch:
         for reflected, forward in _REFLECTED_DUNDERS:  # (see there)
             if func is reflected:
                 return dispatch(forward, types, (args[1], args[0], *args[2:]), kwargs)

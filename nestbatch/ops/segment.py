@@ -6,7 +6,9 @@ Two backends compute the same results:
   ``scatter_reduce`` over the row ids for the others;
 * ``"scatter"``: ``torch_scatter.segment_csr``, an optional accelerator (``pip install
   nestbatch[scatter]``; it builds from source against the installed torch, with
-  ``--no-build-isolation``). Its ``prod`` is missing, so that one always runs on torch.
+  ``--no-build-isolation``), for ``sum`` and ``mean``. Its ``prod`` is missing, and its ``max`` /
+  ``min`` skip NaN and turn a sample of ``-inf`` into the dtype's lowest finite value (torch
+  propagates NaN and keeps infinities), so those always run on torch.
 
 ``"auto"`` (the default) uses torch-scatter when it is importable and faster, torch's own ops
 otherwise (see :func:`_scatter_is_faster`). :func:`set_segment_backend` picks one.
@@ -36,6 +38,8 @@ REDUCTIONS = ("sum", "mean", "amax", "amin", "prod")
 _BACKENDS = ("auto", "torch", "scatter")
 _state = {"backend": "auto"}
 _EMPTY = {"sum": 0, "prod": 1, "mean": float("nan")}
+#: What torch-scatter computes as torch does (see the module docstring for the others).
+_SCATTER_REDUCTIONS = ("sum", "mean")
 #: torch.segment_reduce and torch-scatter accumulate in the values' dtype. For half precision
 #: that loses the sum (a bfloat16 sum of 4096 values near 0.5 comes out 256, not about 2065):
 #: these dtypes are reduced in float32, as torch.sum does, and the result cast back.
@@ -104,8 +108,8 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
         return segment_reduce(wide, batch, reduce).to(values.dtype)
     backend = _state["backend"]
     if backend == "auto":
-        backend = "scatter" if _scatter_is_faster(values, batch, reduce) else "torch"
-    if backend == "scatter" and reduce != "prod" and values.is_floating_point():
+        backend = "scatter" if _scatter_is_faster(values, reduce) else "torch"
+    if backend == "scatter" and reduce in _SCATTER_REDUCTIONS and values.is_floating_point():
         out = _scatter_csr(values, batch.offsets, reduce)
     elif values.is_floating_point():
         # segment_reduce gives TF's empty results itself for sum, mean and prod.
@@ -114,26 +118,24 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
             return out
     else:
         out = _scatter_rows(values, batch, reduce)
-    return _fill_empty(out, batch.partition, reduce)
+    return fill_empty(out, batch.partition, reduce)
 
 
-def _scatter_is_faster(values: Tensor, batch: NestedBatch, reduce: str) -> bool:
+def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
     """Whether ``segment_csr`` beats ``torch.segment_reduce`` here (and is installed).
 
     Measured on 2 CPU cores (torch 2.13, torch-scatter 2.1.2): forward, 1.1-1.9x faster for
-    sum / mean at every size tried, and for amax / amin 1.4-2.5x faster with segments of 64+
-    rows but 3x slower with segments of 16; forward + backward, 0.9-2.3x (1.2x typical). On
-    CUDA its CSR kernels are used for all of them.
+    sum / mean at every size tried; forward + backward, 0.9-2.3x (1.2x typical). On CUDA its
+    CSR kernels are used for both. (Its amax / amin were faster with long segments, but give
+    other answers than torch's for NaN and infinities.)
     """
-    if not scatter_available() or isinstance(values, FakeTensor) or torch.compiler.is_compiling():
+    if reduce not in _SCATTER_REDUCTIONS or not scatter_available():
+        return False
+    if isinstance(values, FakeTensor) or torch.compiler.is_compiling():
         return False  # its ops have no fake kernels: torch's trace and count
     if values.is_cuda:
         return _scatter_has_cuda()
-    if values.numel() < SCATTER_MIN_ELEMENTS:
-        return False  # its Python wrapper costs more than the whole reduction
-    if reduce in ("sum", "mean"):
-        return True
-    return values.shape[0] >= 32 * max(batch.batch_size, 1)
+    return values.numel() >= SCATTER_MIN_ELEMENTS  # below, its wrapper costs more than it saves
 
 
 #: On the CPU, torch-scatter pays off from this many elements: below, its wrapper's fixed cost
@@ -172,7 +174,7 @@ def _scatter_rows(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     return out.scatter_reduce(0, index, values, reduce, include_self=False)
 
 
-def _fill_empty(out: Tensor, partition: RowPartition, reduce: str) -> Tensor:
+def fill_empty(out: Tensor, partition: RowPartition, reduce: str) -> Tensor:
     """Write the empty-sample result into the rows of samples with no element.
 
     Free when the host knows that no sample is empty; otherwise one ``masked_fill`` with the

@@ -303,9 +303,14 @@ def select_ragged(batch: NestedBatch, dim: int, index: int) -> Tensor | NestedBa
         Dense ``(B, *feature)`` when the batch has one ragged dim (the other logical dims in
         order, wherever the ragged dim was); otherwise a batch with one ragged dim fewer.
     """
+    partition = batch.partition
     sizes = batch.shape_per_sample[:, dim - 1]
     need = index + 1 if index >= 0 else -index
-    if batch.batch_size and bool((sizes < need).any()):
+    if partition.knows_host_shapes:  # checked on the host: no sync
+        short = any(shape[dim - 1] < need for shape in partition.host_shapes)
+    else:
+        short = batch.batch_size and bool((sizes < need).any())  # one read of the device
+    if short:
         raise IndexError(
             f"select({dim}, {index}): not every sample has that position along ragged dim "
             f"{dim} (sizes {sizes.tolist()})"
@@ -321,7 +326,10 @@ def select_ragged(batch: NestedBatch, dim: int, index: int) -> Tensor | NestedBa
     shape[dim] = 1
     picked = padded.data.gather(dim, position.view(view).expand(shape)).squeeze(dim)
     keep = [d for d in range(batch.num_ragged_dims) if d != dim - 1]
-    return wrap_padded(picked, RowPartition.from_shapes(batch.shape_per_sample[:, keep]))
+    host = None
+    if partition.knows_host_shapes:
+        host = tuple(tuple(shape[d] for d in keep) for shape in partition.host_shapes)
+    return wrap_padded(picked, RowPartition(batch.shape_per_sample[:, keep], host_shapes=host))
 
 
 @register(*torch_funcs("unbind"), layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),

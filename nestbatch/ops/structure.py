@@ -270,7 +270,8 @@ def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
         raise ValueError("tile along ragged dims is supported for one ragged dim only")
     features = tuple(r for d, r in enumerate(reps) if d != 0 and d not in ragged)
     if reps[0] != 1:
-        index = torch.arange(batch.batch_size, device=batch.device).repeat(reps[0])
+        # A host index: the host sizes carry over (select_samples reads it without a sync).
+        index = torch.arange(batch.batch_size).repeat(reps[0])
         batch = select_samples(batch, index)  # stored order: rd is restored below
     values = batch.values
     if any(r != 1 for r in features):

@@ -1,0 +1,319 @@
+"""Special values, dtypes and in-place forms that gave silent wrong results or crashes (issue 25).
+
+One test per reported case, each against the same op on every sample alone (torch's answer), on
+both layouts and with sizes given on the host and on the device. The broad search for more such
+cases is ``tests/test_differential.py``; the syncs are audited in ``tests/test_gpu_audit.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nestbatch as nb
+from nestbatch import Layout, NestedBatch
+from nestbatch.ops.registry import dispatch, registered_functions
+
+INF, NAN = math.inf, math.nan
+
+
+def _builds(samples: list[torch.Tensor]) -> list[NestedBatch]:
+    """The batch of ``samples`` packed and padded, with host and with device sizes."""
+    lengths = [s.shape[0] for s in samples]
+    values = torch.cat(samples)
+    width = max(lengths) + 1  # padded wider than the longest sample, as a loader might
+    data = torch.zeros(len(samples), width, *samples[0].shape[1:], dtype=samples[0].dtype)
+    for i, s in enumerate(samples):
+        data[i, : len(s)] = s
+    return [
+        NestedBatch.from_lengths(values, lengths),
+        NestedBatch.from_lengths(values, torch.tensor(lengths)),
+        NestedBatch.from_padded(data, lengths),
+        NestedBatch.from_padded(data, torch.tensor(lengths)),
+        nb.nested(samples).to(Layout.PADDED),
+    ]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values and dtypes, NaN equal to NaN."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        torch.where(a.isnan(), 0, a) if a.is_floating_point() else a,
+        torch.where(b.isnan(), 0, b) if b.is_floating_point() else b,
+    ) and (not a.is_floating_point() or torch.equal(a.isnan(), b.isnan()))
+
+
+def _per_sample(fn, samples):
+    return torch.stack([fn(s) for s in samples])
+
+
+def test_nansum_keeps_infinities():
+    samples = [torch.tensor([1.0, INF, NAN]), torch.tensor([-INF, 2.0]), torch.tensor([NAN])]
+    expected = _per_sample(lambda s: torch.nansum(s, 0), samples)
+    for b in _builds(samples):
+        assert _same(torch.nansum(b, dim=1), expected), b.layout
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_arg_reductions_point_at_the_first_nan(name):
+    samples = [torch.tensor([1.0, NAN, 3.0, NAN]), torch.tensor([NAN, 2.0]), torch.tensor([5.0])]
+    expected = _per_sample(lambda s: getattr(torch, name)(s, 0), samples)
+    for b in _builds(samples):
+        assert torch.equal(getattr(torch, name)(b, dim=1), expected), b.layout
+        pair = (torch.max if name == "argmax" else torch.min)(b, dim=1)
+        assert torch.equal(pair.indices, expected), b.layout
+
+
+@pytest.mark.parametrize("name", ["amax", "amin", "argmax", "argmin"])
+def test_padding_never_beats_infinities(name):
+    samples = [torch.tensor([-INF]), torch.tensor([-INF, -INF, 0.0]), torch.tensor([INF]),
+               torch.tensor([INF, INF])]
+    expected = _per_sample(lambda s: getattr(torch, name)(s, 0), samples)
+    for b in _builds(samples):
+        assert _same(getattr(torch, name)(b, dim=1), expected), b.layout
+
+
+def test_empty_samples_keep_the_documented_extremes_beside_infinities():
+    samples = [torch.tensor([-INF]), torch.zeros(0), torch.tensor([INF])]
+    lowest, highest = torch.finfo(torch.float32).min, torch.finfo(torch.float32).max
+    for b in _builds(samples):
+        assert torch.equal(torch.amax(b, dim=1), torch.tensor([-INF, lowest, INF]))
+        assert torch.equal(torch.amin(b, dim=1), torch.tensor([-INF, highest, INF]))
+        assert torch.equal(torch.argmax(b, dim=1), torch.tensor([0, -1, 0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64])
+def test_logsumexp_of_integers_and_bools(dtype):
+    samples = [torch.zeros(0, dtype=dtype), torch.tensor([1], dtype=dtype),
+               torch.tensor([1, 0, 1], dtype=dtype)]
+    expected = _per_sample(lambda s: torch.logsumexp(s, 0), samples)
+    assert expected.dtype == torch.float32
+    for b in _builds(samples):
+        assert torch.allclose(torch.logsumexp(b, dim=1), expected), b.layout
+        assert torch.logsumexp(b, dim=1).dtype == torch.float32
+
+
+def test_to_padded_tensor_is_the_tightest_padding():
+    for lengths in ([2, 3], torch.tensor([2, 3])):
+        b = NestedBatch.from_padded(torch.arange(10.0).view(2, 5, 1), lengths)
+        assert b.to_padded_tensor().shape == (2, 3, 1)
+        assert torch.equal(b.to_padded_tensor(-1).squeeze(-1),
+                           torch.tensor([[0.0, 1.0, -1.0], [5.0, 6.0, 7.0]]))
+        assert b.to_padded_tensor(0, (2, 4, 1)).shape == (2, 4, 1)
+    nt = torch.nested.nested_tensor([torch.zeros(2, 1), torch.zeros(3, 1)], layout=torch.jagged)
+    assert nt.to_padded_tensor(0.0).shape == (2, 3, 1)  # torch.nested's answer
+
+
+@pytest.mark.parametrize("op", ["+=", "-=", "*=", "/="])
+def test_inplace_operator_with_a_dense_left_operand_raises(op):
+    b = nb.nested([torch.ones(1, 3), torch.ones(2, 3)])
+    d = torch.ones(3)
+    with pytest.raises(RuntimeError, match="cannot hold"):
+        exec(f"d {op} b", {}, {"d": d, "b": b})
+    assert torch.equal(d, torch.ones(3))
+
+
+@pytest.mark.parametrize("name", ["mean", "var", "std"])
+def test_mean_var_std_of_integers_raise_on_every_layout(name):
+    samples = [torch.tensor([1, 2]), torch.tensor([3])]
+    with pytest.raises(RuntimeError):
+        getattr(torch, name)(samples[0], 0)
+    for b in _builds(samples):
+        with pytest.raises(RuntimeError):
+            getattr(torch, name)(b, dim=1)
+    expected = _per_sample(lambda s: torch.mean(s, 0, dtype=torch.float64), samples)
+    for b in _builds(samples):
+        assert torch.equal(torch.mean(b, dim=1, dtype=torch.float64), expected)
+
+
+@pytest.mark.parametrize("name", ["argmax", "argmin"])
+def test_arg_reductions_of_bools_raise_on_every_layout(name):
+    samples = [torch.tensor([True, False]), torch.tensor([True])]
+    with pytest.raises(RuntimeError, match="bool"):
+        getattr(torch, name)(samples[0], 0)
+    for b in _builds(samples):
+        with pytest.raises(RuntimeError, match="bool"):
+            getattr(torch, name)(b, dim=1)
+
+
+@pytest.mark.parametrize("func", [torch.max, torch.min])
+def test_max_min_with_dim_of_bools(func):
+    samples = [torch.tensor([False, True, True]), torch.tensor([True]), torch.tensor([False])]
+    values = _per_sample(lambda s: func(s, 0).values, samples)
+    indices = _per_sample(lambda s: func(s, 0).indices, samples)
+    for b in _builds(samples):
+        out = func(b, dim=1)
+        assert torch.equal(out.values, values) and torch.equal(out.indices, indices), b.layout
+
+
+def test_prod_over_a_feature_dim():
+    samples = [torch.randn(2, 3, 4), torch.randn(1, 3, 4)]
+    b = nb.nested(samples)
+    for dim in (-1, 2, 3):
+        out = torch.prod(b, dim=dim)
+        for got, s in zip(out.unbind(), samples):
+            assert torch.allclose(got, torch.prod(s, dim - 1 if dim > 0 else dim))
+    out = torch.prod(b, dim=-1, keepdim=True, dtype=torch.float64)
+    assert out.dtype == torch.float64 and out.feature_shape == (3, 1)
+
+
+def test_registry_holds_functions_only():
+    funcs = registered_functions()
+    assert all(callable(f) and not isinstance(f, torch.dtype) for f in funcs)
+    b = nb.nested([torch.ones(2, 3), torch.ones(1, 3)])
+    out = dispatch(torch.Tensor.__itruediv__, (), (b, 2), {})
+    assert out is b and torch.equal(b.values, torch.full((3, 3), 0.5))
+    assert torch.equal(b.real.values, b.values)  # the property is served by torch.real
+
+
+def test_attention_with_keys_and_values_padded_to_different_widths():
+    torch.manual_seed(0)
+    data = torch.randn(2, 5, 4)
+    data[0, 2:] = data[1, 3:] = 0.0
+    x = NestedBatch.from_padded(data, [2, 3], padding_value=0.0)  # a loader padded to 5
+    proj = torch.nn.Linear(4, 4)
+    q, k, v = proj(x), proj(x), x
+    assert k.layout is Layout.PACKED and v.layout is Layout.PADDED
+    out = F.scaled_dot_product_attention(q, k, v)
+    for got, qs, ks, vs in zip(out.unbind(), q.unbind(), k.unbind(), v.unbind()):
+        assert torch.allclose(got, F.scaled_dot_product_attention(qs, ks, vs), atol=1e-6)
+
+
+@pytest.mark.parametrize("index", [slice(0, None), slice(None, None, 1), slice(0, None, 1)])
+def test_whole_slices_with_device_lengths(index):
+    samples = [torch.arange(2.0), torch.arange(3.0)]
+    for b in _builds(samples):
+        out = b[:, index]
+        assert [t.tolist() for t in out.unbind()] == [s.tolist() for s in samples]
+
+
+def test_zero_and_fill_in_place():
+    for b in _builds([torch.arange(2.0), torch.arange(3.0), torch.zeros(0)]):
+        stored = b.to_padded_tensor(-7)  # a cached padded layout with a known filler
+        assert b.fill_(4.0) is b
+        assert [t.tolist() for t in b.unbind()] == [[4.0, 4.0], [4.0] * 3, []]
+        b.fill_(torch.tensor(2.0))
+        assert torch.equal(b.values, torch.full((5,), 2.0))
+        assert b.zero_() is b and torch.equal(b.values, torch.zeros(5))
+        assert stored.shape == (3, 3)
+
+
+def test_inplace_ops_write_the_stored_layout_and_keep_the_padding():
+    samples = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
+    padded = NestedBatch.from_padded(torch.tensor([[1.0, 2.0], [3.0, -1.0]]), [2, 1],
+                                     padding_value=-1.0)
+    padded.exp_()
+    assert torch.equal(padded.padded(-1.0).data[1, 1], torch.tensor(-1.0))  # padding kept
+    assert all(torch.allclose(t, s.exp()) for t, s in zip(padded.unbind(), samples))
+    packed = NestedBatch.from_lengths(torch.tensor([1.0, 2.0, 3.0]), [2, 1])
+    view = packed[0]
+    packed.add_(packed).mul_(torch.tensor(3.0))
+    assert torch.equal(view, torch.tensor([6.0, 12.0]))  # a view of the stored rows
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        NestedBatch.from_lengths(torch.tensor([1, 2]), [2]).add_(0.5)
+
+
+def test_local_indices_takes_the_batch_packed_indices_returns():
+    verts = nb.nested([torch.randn(3, 3), torch.randn(4, 3)])
+    faces = nb.nested([torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 3], [1, 2, 3]])])
+    shifted = nb.packed_indices(faces, into=verts)
+    back = nb.local_indices(shifted, faces, into=verts)
+    assert torch.equal(back.values, faces.values)
+    assert torch.equal(nb.local_indices(shifted.values, faces, into=verts).values, faces.values)
+    other = nb.nested([torch.tensor([[0, 1, 2]] * 2), torch.tensor([[0, 1, 3]])])
+    with pytest.raises(ValueError, match="same row structure"):
+        nb.local_indices(other, faces, into=verts)
+
+
+def test_rnn_with_empty_samples_matches_per_sample():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(3, 4, batch_first=True)
+    samples = [torch.randn(2, 3), torch.zeros(0, 3), torch.randn(4, 3), torch.randn(1, 3)]
+    for b in (nb.nested(samples), NestedBatch.from_lengths(torch.cat(samples),
+                                                           torch.tensor([2, 0, 4, 1]))):
+        out, (h, c) = lstm(b)
+        for i, s in enumerate(samples):
+            if len(s) == 0:
+                assert out[i].shape == (0, 4) and torch.equal(h[:, i], torch.zeros(1, 4))
+                continue
+            ref, (hr, cr) = lstm(s[None])
+            assert torch.allclose(out[i], ref[0], atol=1e-6)
+            assert torch.allclose(h[:, i], hr[:, 0], atol=1e-6)
+            assert torch.allclose(c[:, i], cr[:, 0], atol=1e-6)
+
+
+def test_from_packed_sequence_with_device_style_indices_keeps_order():
+    samples = [torch.randn(2, 3), torch.randn(4, 3), torch.randn(1, 3)]
+    seq = torch.nn.utils.rnn.pack_sequence(samples, enforce_sorted=False)
+    for unsorted in (seq.unsorted_indices, None):
+        if unsorted is None:
+            seq = torch.nn.utils.rnn.pack_sequence(sorted(samples, key=len, reverse=True))
+            expected = sorted(samples, key=len, reverse=True)
+        else:
+            expected = samples
+        b = nb.from_packed_sequence(seq)
+        assert all(torch.equal(a, e) for a, e in zip(b.unbind(), expected))
+
+
+def test_reflected_operators_keep_python_scalars_exact():
+    b = nb.nested([torch.tensor([0.0], dtype=torch.float64),
+                   torch.tensor([0.3, 2.0], dtype=torch.float64)])
+    ops = [lambda x: 1.7976931348623157e308 + x, lambda x: 0.1 - x, lambda x: 0.1 * x,
+           lambda x: 0.1 / x, lambda x: 7.1 // x, lambda x: 7.1 % x, lambda x: 0.1 ** x]
+    for op in ops:
+        for got, sample in zip(op(b).unbind(), b.unbind()):
+            assert _same(got, op(sample))
+
+
+def test_integer_division_never_divides_by_the_padding():
+    samples = [torch.tensor([1, 2]), torch.tensor([3])]
+    for b in _builds(samples):
+        for op in (lambda x: 3 // x, lambda x: 3 % x,
+                   lambda x: torch.fmod(torch.tensor(6), x),
+                   lambda x: torch.remainder(torch.tensor(6), x)):
+            assert [t.tolist() for t in op(b).unbind()] == [op(s).tolist() for s in samples]
+        target = b.clone()
+        target.floor_divide_(nb.nested(samples))
+        target %= nb.nested(samples)
+        assert [t.tolist() for t in target.unbind()] == [[0, 1], [1]]
+
+
+def test_negative_zero_and_large_integer_fillers():
+    b = nb.nested([torch.tensor([1.0]), torch.tensor([1.0, 2.0])]).to(Layout.PADDED)
+    assert torch.signbit(b.padded(-0.0).data[0, 1])
+    assert not torch.signbit(b.padded(0.0).data[0, 1])
+    assert torch.signbit(b.to_padded_tensor(-0.0, output_size=[2, 3])[0, 2])
+    stored = NestedBatch.from_padded(torch.tensor([[1.0, -0.0], [1.0, 2.0]]), [1, 2],
+                                     padding_value=-0.0)
+    assert not torch.signbit(stored.padded(0.0).data[0, 1])
+    top = 2**63 - 1
+    for ints in (nb.nested([torch.tensor([2]), torch.tensor([2, 2, 2])]),
+                 NestedBatch.from_list([torch.tensor([[2]]), torch.tensor([[0]])])):
+        for layout in (Layout.PACKED, Layout.PADDED, Layout.LIST):
+            padded = ints.to(layout).padded(top).data
+            assert padded.flatten()[1].item() == top or padded.numel() == 2
+
+
+def test_empty_batches_keep_their_dtype_in_every_layout():
+    for dtype in (torch.int64, torch.bool, torch.float16):
+        b = NestedBatch.from_lengths(torch.zeros(0, dtype=dtype), [])
+        assert {b.to(layout).dtype for layout in Layout} == {dtype}
+
+
+def test_inplace_ops_follow_torch_rules_on_every_layout():
+    samples = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])]
+    for b in (NestedBatch.from_list(samples), *_builds(samples)):
+        with pytest.raises(RuntimeError, match="Double"):
+            b.float_power_(2)
+
+
+@pytest.mark.parametrize("values", [[3.3895e38, -3.3895e38], [0.0, 3.3895e38],
+                                    [1.1754943508222875e-38, -0.0]])
+def test_half_precision_variance_neither_overflows_nor_underflows(values):
+    sample = torch.tensor(values, dtype=torch.bfloat16)
+    for b in _builds([sample, sample[:1]]):
+        for name in ("var", "std"):
+            got = getattr(torch, name)(b, dim=1)[0]
+            assert _same(got, getattr(torch, name)(sample, 0))
