@@ -15,8 +15,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nestbatch.kernels.arguments import check_count, check_filler, making_fake_tensors
-from nestbatch.kernels.reference import sizes_mask
+from nestbatch.kernels.checks import check_count, check_filler
+from nestbatch.kernels.dispatch import making_fake_tensors
+from nestbatch.kernels.torch_impl import sizes_mask
 
 # Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
 __all__ = ["check_count", "check_filler"]

@@ -2,10 +2,10 @@
 indices, ``(B,)`` sizes), in pure PyTorch.
 
 They are the references of the ``nestbatch::*`` operators and live in
-:mod:`nestbatch.kernels.reference`; this module keeps their public import path.
+:mod:`nestbatch.kernels.torch_impl`; this module keeps their public import path.
 """
 
-from nestbatch.kernels.reference import (
+from nestbatch.kernels.torch_impl import (
     bool_compaction,
     fill_padding,
     index_mapping,

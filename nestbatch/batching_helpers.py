@@ -39,7 +39,7 @@ from . import kernels
 from ._validation import normalize_empty_samples, read_device_values
 from .convert import list_to_padded
 from .errors import reference_compatible
-from .kernels.reference import sizes_mask
+from .kernels.torch_impl import sizes_mask
 from .layouts import TensorList
 from .ragged_batch import (
     RaggedBatch,

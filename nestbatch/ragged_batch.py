@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .batch import NestedBatch, extend, with_ragged_dim
 from .errors import reference_compatible_class
-from .kernels.reference import fill_padding, sizes_mask
+from .kernels.torch_impl import fill_padding, sizes_mask
 
 __all__ = ["RaggedBatch"]
 

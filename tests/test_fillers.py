@@ -10,7 +10,7 @@ from gpu_path import fake_cuda
 
 import nestbatch as nb
 from nestbatch import Layout, kernels
-from nestbatch.kernels import reference
+from nestbatch.kernels import torch_impl as reference
 
 BAD = [
     (torch.uint8, -1), (torch.uint8, 256), (torch.int8, 2.5), (torch.int32, float("nan")),

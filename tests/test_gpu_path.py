@@ -265,13 +265,13 @@ def test_harness_counts_host_to_device_copies(spelling):
 
 
 def test_harness_refuses_torch_cuda_calls_from_nestbatch(monkeypatch):
-    import nestbatch.kernels as kernels
+    import nestbatch.kernels.dispatch as kernels
 
     def asks_the_runtime():
         return kernels.torch.cuda.current_device()
 
     monkeypatch.setattr(kernels, "asks_the_runtime", asks_the_runtime, raising=False)
-    asks_the_runtime.__globals__["__name__"] = "nestbatch.kernels"
+    asks_the_runtime.__globals__["__name__"] = "nestbatch.kernels.dispatch"
     with fake_cuda(), pytest.raises(CudaRuntimeCall):
         count(kernels.asks_the_runtime)
 

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import nestbatch as nb
 from nestbatch import NestedBatch, RaggedBatch, _validation, kernels
-from nestbatch.kernels import reference
+from nestbatch.kernels import torch_impl as reference
 from nestbatch.layouts import RowPartition
 from nestbatch.ops import reductions
 

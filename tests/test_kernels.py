@@ -9,7 +9,8 @@ import torch
 from nestbatch import batched_indexing as bi
 from nestbatch import kernels
 from nestbatch.convert import packed_padded
-from nestbatch.kernels import operators, reference
+from nestbatch.kernels import operators
+from nestbatch.kernels import torch_impl as reference
 from nestbatch.layouts import RowPartition
 
 ops = torch.ops.nestbatch
@@ -300,7 +301,7 @@ def test_wrapper_argument_errors():
 def test_fallback_is_the_reference_on_cpu():
     # The device-agnostic implementation is the reference function itself.
     values, offsets, max_len = ragged_case(13)
-    direct = operators._packed_to_padded_reference(values, offsets, max_len, 0)
+    direct = operators.packed_to_padded_torch(values, offsets, max_len, 0)
     assert torch.equal(ops.packed_to_padded(values, offsets, max_len, 0), direct)
 
 

@@ -87,23 +87,22 @@ def test_cpu_only_torch_falls_back_with_one_warning():
 def test_direct_kernel_only_where_the_compiled_kernel_covers_the_call(monkeypatch):
     # kernels.call's CUDA road: the compiled kernel for covered dtypes when autograd records
     # nothing, the operator (autograd formula, PyTorch implementation) otherwise.
-    from nestbatch import kernels
-    from nestbatch.kernels import operators
+    from nestbatch.kernels import dispatch, operators
 
     sentinel = object()
     monkeypatch.setattr(operators, "compiled_kernel", lambda name: (sentinel, name))
     values, offsets = torch.randn(5, 2), torch.tensor([0, 2, 5])
-    assert kernels._direct_kernel("packed_to_padded", (values, offsets, 3, 0.0)) == (
+    assert dispatch._direct_kernel("packed_to_padded", (values, offsets, 3, 0.0)) == (
         sentinel, "packed_to_padded"
     )
     leaf = values.double().requires_grad_()
-    assert kernels._direct_kernel("packed_to_padded", (leaf, offsets, 3, 0.0)) is None
+    assert dispatch._direct_kernel("packed_to_padded", (leaf, offsets, 3, 0.0)) is None
     with torch.no_grad():
-        assert kernels._direct_kernel("packed_to_padded", (leaf, offsets, 3, 0.0)) is not None
+        assert dispatch._direct_kernel("packed_to_padded", (leaf, offsets, 3, 0.0)) is not None
     complex_values = torch.randn(5, 2, dtype=torch.complex64)
-    assert kernels._direct_kernel("packed_to_padded", (complex_values, offsets, 3, 0.0)) is None
+    assert dispatch._direct_kernel("packed_to_padded", (complex_values, offsets, 3, 0.0)) is None
     unsigned = offsets.to(torch.uint32)
-    assert kernels._direct_kernel("packed_to_padded", (values, unsigned, 3, 0.0)) is None
+    assert dispatch._direct_kernel("packed_to_padded", (values, unsigned, 3, 0.0)) is None
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks the CPU-only fallback")

@@ -88,14 +88,14 @@ def test_conversions_match_reference(case):
         _force_one_write(patch)
         _take(patch, path)
         padded = operators._packed_to_padded_cpu(values, offsets, max_len, fill)
-        expected = operators._packed_to_padded_reference(values, offsets, max_len, fill)
+        expected = operators.packed_to_padded_torch(values, offsets, max_len, fill)
         _assert_same(padded, expected)
         source = padded.transpose(0, 1).contiguous().transpose(0, 1) if noncontiguous else padded
         _assert_same(operators._padded_to_packed_cpu(source, offsets, total), values.contiguous())
         sizes = torch.tensor(lengths, dtype=index_dtype) - (1 if extra else 0)
         _assert_same(
             operators._fill_padding_cpu(padded, sizes, fill),
-            operators._fill_padding_reference(padded, sizes, fill),
+            operators.fill_padding_torch(padded, sizes, fill),
         )
 
 
@@ -107,12 +107,12 @@ def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
     offsets = torch.tensor([2, 5, 5, 9])
     _assert_same(
         operators._packed_to_padded_cpu(values, offsets, 5, -1.0),
-        operators._packed_to_padded_reference(values, offsets, 5, -1.0),
+        operators.packed_to_padded_torch(values, offsets, 5, -1.0),
     )
     # A sample longer than max_len is truncated (the reference's behaviour).
     _assert_same(
         operators._packed_to_padded_cpu(values, offsets, 3, 0.0),
-        operators._packed_to_padded_reference(values, offsets, 3, 0.0),
+        operators.packed_to_padded_torch(values, offsets, 3, 0.0),
     )
     # Padded -> packed: a sample longer than the width, decreasing offsets, offsets not
     # ending at the total, or not starting at 0.
@@ -120,7 +120,7 @@ def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
     for odd, total in (([0, 5, 6, 8], 8), ([0, 3, 2, 6], 6), ([0, 1, 2, 3], 2), ([1, 2, 3, 4], 4)):
         odd = torch.tensor(odd)
         try:
-            expected = operators._padded_to_packed_reference(data, odd, total)
+            expected = operators.padded_to_packed_torch(data, odd, total)
         except (RuntimeError, IndexError) as error:
             with pytest.raises(type(error)):
                 operators._padded_to_packed_cpu(data, odd, total)
@@ -131,7 +131,7 @@ def test_irregular_offsets_follow_the_reference(every_size, monkeypatch, path):
     sizes = torch.tensor([-1, 9, 2])
     _assert_same(
         operators._fill_padding_cpu(data, sizes, 5.0),
-        operators._fill_padding_reference(data, sizes, 5.0),
+        operators.fill_padding_torch(data, sizes, 5.0),
     )
 
 
@@ -297,7 +297,7 @@ def test_out_receives_the_result(monkeypatch, path, offsets):
     buffer = torch.full((3, 5, 2), 99.0)
     padded = kernels.packed_to_padded(values, offsets, 5, -1.0, out=buffer)
     assert padded.data_ptr() == buffer.data_ptr()
-    _assert_same(buffer, operators._packed_to_padded_reference(values, offsets, 5, -1.0))
+    _assert_same(buffer, operators.packed_to_padded_torch(values, offsets, 5, -1.0))
     if int(offsets[0]) == 0:
         rows = torch.full((7, 2), 99.0)
         packed = kernels.padded_to_packed(buffer, offsets, 7, out=rows)
@@ -352,13 +352,13 @@ def test_gathers_match_reference(batch, sources, width, feature, dtype, index_dt
         _force_one_write(patch)
         _assert_same(
             operators._indexing_access_cpu(data, indices, sizes, fill),
-            operators._indexing_access_reference(data, indices, sizes, fill),
+            operators.indexing_access_torch(data, indices, sizes, fill),
         )
         mask = make_tensor((batch, sources), torch.bool, generator)
         count = int(mask.sum(1).max()) if batch else 0
         for actual, expected in zip(
             operators._bool_compaction_cpu(data, mask, count),
-            operators._bool_compaction_reference(data, mask, count),
+            operators.bool_compaction_torch(data, mask, count),
         ):
             _assert_same(actual, expected)
 
@@ -407,26 +407,26 @@ def test_selection_path_matches_reference(batch, targets, width, feature, dtype,
     fill = True if dtype == torch.bool else 3
     pairs = [
         (cpu.indexing_access(source, source_indices, sizes, fill, None),
-         operators._indexing_access_reference(source, source_indices, sizes, fill)),
+         operators.indexing_access_torch(source, source_indices, sizes, fill)),
         (cpu.indexing_write(values, indices, sizes, into, None),
-         operators._indexing_write_reference(values, indices, sizes, into)),
+         operators.indexing_write_torch(values, indices, sizes, into)),
         (cpu.inverse_indexing_access(values, indices, sizes, targets, fill, None),
-         operators._inverse_indexing_access_reference(values, indices, sizes, targets, fill)),
+         operators.inverse_indexing_access_torch(values, indices, sizes, targets, fill)),
         (cpu.index_mapping(source, source_indices, indices, sizes, into, None),
-         operators._index_mapping_reference(source, source_indices, indices, sizes, into)),
+         operators.index_mapping_torch(source, source_indices, indices, sizes, into)),
         (cpu.indices_to_mask(indices, sizes, targets, None),
-         operators._indices_to_mask_reference(indices, sizes, targets)),
+         operators.indices_to_mask_torch(indices, sizes, targets)),
     ]
     mask = make_tensor((batch, targets), torch.bool, generator)
     most = int(mask.sum(1).max()) if batch else 0
     counts = cpu.row_counts(mask)
     for count in {most, max(most - 1, 0)}:  # the largest count, and one that drops entries
         pairs += zip(cpu.mask_to_indices(mask, count, None),
-                     operators._mask_to_indices_reference(mask, count))
+                     operators.mask_to_indices_torch(mask, count))
         pairs += zip(cpu.mask_to_indices(mask, count, None, counts=counts),
-                     operators._mask_to_indices_reference(mask, count))
+                     operators.mask_to_indices_torch(mask, count))
         pairs += zip(cpu.bool_compaction(into, mask, count, None),
-                     operators._bool_compaction_reference(into, mask, count))
+                     operators.bool_compaction_torch(into, mask, count))
     for actual, expected in pairs:
         _assert_same(actual, expected)
 
@@ -459,7 +459,7 @@ def test_selection_paths_check_every_index_they_touch(bad):
         "indices_to_mask": lambda i: (i, sizes, 5),
     }
     for name, args_for in calls.items():
-        expected = getattr(operators, f"_{name}_reference")(*args_for(good.remainder(5)))
+        expected = getattr(operators, f"{name}_torch")(*args_for(good.remainder(5)))
         try:
             got = cpu.call_validating(name, args_for(good))
         except RuntimeError:  # a negative index may raise instead
@@ -534,6 +534,6 @@ def test_one_write_access_of_unchecked_indices_matches_the_reference(monkeypatch
     indices = torch.tensor([[5, -4, 1], [3, 0, 9]])
     sizes = torch.tensor([3, 2])
     out = kernels.indexing_access(data, indices, sizes, -1.0, check_bounds=False)
-    expected = operators._indexing_access_reference(data, indices, sizes, -1.0)
+    expected = operators.indexing_access_torch(data, indices, sizes, -1.0)
     _assert_same(out, expected)
     assert out[0, 0].tolist() == data[0, 2].tolist() and out[1, 0].tolist() == data[1, 2].tolist()

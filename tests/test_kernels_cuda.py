@@ -44,9 +44,9 @@ def test_conversions_exact(compiled, dtype, feature, seed):
         seed, batch=9, feature=feature, dtype=dtype, device="cuda"
     )
     padded = compiled.packed_to_padded(values, offsets, max_len, 1)
-    _equal(padded, operators._packed_to_padded_reference(values, offsets, max_len, 1))
+    _equal(padded, operators.packed_to_padded_torch(values, offsets, max_len, 1))
     packed = compiled.padded_to_packed(padded, offsets, values.shape[0])
-    _equal(packed, operators._padded_to_packed_reference(padded, offsets, values.shape[0]))
+    _equal(packed, operators.padded_to_packed_torch(padded, offsets, values.shape[0]))
     _equal(packed, values)
     sizes = offsets.diff().int()
     _equal(compiled.fill_padding(padded, sizes, 0), bi.fill_padding(padded, sizes, 0))
@@ -56,7 +56,7 @@ def test_conversions_exact(compiled, dtype, feature, seed):
         shifted_offsets = (offsets - 1).clamp(min=0)
         _equal(
             compiled.packed_to_padded(shifted, shifted_offsets, max_len, 0),
-            operators._packed_to_padded_reference(shifted, shifted_offsets, max_len, 0),
+            operators.packed_to_padded_torch(shifted, shifted_offsets, max_len, 0),
         )
     transposed = padded.transpose(0, 1).contiguous().transpose(0, 1)
     _equal(compiled.padded_to_packed(transposed, offsets, values.shape[0]), values)
@@ -117,7 +117,7 @@ def test_mask_ops_exact(compiled, width):
     _equal(indices, ref_indices)
     _equal(counts, ref_counts)
     wide, _ = compiled.mask_to_indices(mask, ref_indices.shape[1] + 3)
-    _equal(wide, operators._mask_to_indices_reference(mask, ref_indices.shape[1] + 3)[0])
+    _equal(wide, operators.mask_to_indices_torch(mask, ref_indices.shape[1] + 3)[0])
     for dtype in DTYPES:
         data = torch.arange(5 * width * 2, device="cuda").reshape(5, width, 2).to(dtype)
         out, counts = compiled.bool_compaction(data, mask, ref_indices.shape[1])
@@ -145,14 +145,14 @@ def test_mask_ops_on_few_long_rows(compiled, batch, width):
     misaligned = misaligned.view(batch, width).copy_(mask)
     longest = int(mask.sum(1).max())
     for max_count in (0, longest // 2, longest, longest + 3):
-        expected = operators._mask_to_indices_reference(mask, max_count)
+        expected = operators.mask_to_indices_torch(mask, max_count)
         for source in (mask, misaligned):
             indices, counts = compiled.mask_to_indices(source, max_count)
             _equal(indices, expected[0])
             _equal(counts, expected[1])
     data = torch.arange(batch * width, device="cuda", dtype=torch.int32).view(batch, width, 1)
     out, counts = compiled.bool_compaction(data, mask, longest)
-    ref_out, ref_counts = operators._bool_compaction_reference(data, mask, longest)
+    ref_out, ref_counts = operators.bool_compaction_torch(data, mask, longest)
     _equal(out, ref_out)
     _equal(counts, ref_counts)
 
@@ -190,7 +190,7 @@ def test_gradients_exact(dtype):
     cases = [
         (
             lambda a, b: ops.packed_to_padded(a, offsets, max_len, 2.0),
-            lambda a, b: operators._packed_to_padded_reference(a, offsets, max_len, 2.0),
+            lambda a, b: operators.packed_to_padded_torch(a, offsets, max_len, 2.0),
             values,
             data,
         ),
@@ -244,7 +244,7 @@ def test_gradients_exact(dtype):
     padded = ops.packed_to_padded(values, offsets, max_len, 0).requires_grad_()
     reference = padded.detach().clone().requires_grad_()
     out = ops.padded_to_packed(padded, offsets, values.shape[0])
-    expected = operators._padded_to_packed_reference(reference, offsets, values.shape[0])
+    expected = operators.padded_to_packed_torch(reference, offsets, values.shape[0])
     grad = torch.randn(out.shape, device="cuda").to(dtype)
     out.backward(grad)
     expected.backward(grad)

@@ -315,12 +315,12 @@ def test_conversions_exact(kern, dtype, feature, seed):
     total = values.shape[0]
     unit = expected_unit(row_bytes(values, 1), values)
     padded = run_conversion(lambda: kern.packed_to_padded(values, offsets, max_len, 1), unit)
-    assert_same(padded, operators._packed_to_padded_reference(values, offsets, max_len, 1))
+    assert_same(padded, operators.packed_to_padded_torch(values, offsets, max_len, 1))
     packed = run_conversion(
         lambda: kern.padded_to_packed(padded, offsets, total),
         expected_unit(row_bytes(padded, 2), padded) if total else None,
     )
-    assert_same(packed, operators._padded_to_packed_reference(padded, offsets, total))
+    assert_same(packed, operators.padded_to_packed_torch(padded, offsets, total))
     assert_same(packed, values)
     sizes = offsets.diff()
     refilled = run_row_copy(
@@ -335,7 +335,7 @@ def test_conversions_exact(kern, dtype, feature, seed):
             lambda: kern.packed_to_padded(moved, offsets, max_len, 0),
             expected_unit(row_bytes(moved, 1), moved) if total or max_len else None,
         ),
-        operators._packed_to_padded_reference(values, offsets, max_len, 0),
+        operators.packed_to_padded_torch(values, offsets, max_len, 0),
     )
     moved_padded = shifted(padded)
     assert_same(kern.padded_to_packed(moved_padded, offsets, total), values)
@@ -345,7 +345,7 @@ def test_conversions_exact(kern, dtype, feature, seed):
         tail, tail_offsets = values[1:], (offsets - 1).clamp(min=0)
         assert_same(
             kern.packed_to_padded(tail, tail_offsets, max_len, 0),
-            operators._packed_to_padded_reference(tail, tail_offsets, max_len, 0),
+            operators.packed_to_padded_torch(tail, tail_offsets, max_len, 0),
         )
     # Non-contiguous inputs are made contiguous by the host wrappers.
     assert_same(kern.padded_to_packed(noncontiguous(padded), offsets, total), values)
@@ -372,7 +372,7 @@ def test_conversion_edge_cases(kern, dtype, feature):
             for max_len in {longest, longest + 1, longest + 40}:
                 padded = kern.packed_to_padded(values, offsets, max_len, -3)
                 assert_same(
-                    padded, operators._packed_to_padded_reference(values, offsets, max_len, -3)
+                    padded, operators.packed_to_padded_torch(values, offsets, max_len, -3)
                 )
                 assert_same(kern.padded_to_packed(padded, offsets, values.shape[0]), values)
                 for sizes in (offsets.diff(), torch.full((len(lengths),), max_len + 3)):
@@ -391,7 +391,7 @@ def test_fill_values_of_every_kind(kern, dtype):
     """Each filler is cast to the dtype on the host and repeated over the vector unit; the
     result equals the reference bit for bit, or both refuse the value."""
     values, offsets, max_len = ragged_case(3, batch=6, feature=(3,), dtype=dtype)
-    padded = operators._packed_to_padded_reference(values, offsets, max_len, 0)
+    padded = operators.packed_to_padded_torch(values, offsets, max_len, 0)
     sizes = offsets.diff()
     data, indices, index_sizes = index_case(4, batch=3, sources=7, width=6, dtype=dtype)
     rows = data[:, :6]  # (B, M, *D) rows to scatter
@@ -400,7 +400,7 @@ def test_fill_values_of_every_kind(kern, dtype):
     for fill in fills:
         same_or_both_raise(
             lambda fill=fill: kern.packed_to_padded(values, offsets, max_len, fill),
-            lambda fill=fill: operators._packed_to_padded_reference(values, offsets, max_len, fill),
+            lambda fill=fill: operators.packed_to_padded_torch(values, offsets, max_len, fill),
         )
         same_or_both_raise(
             lambda fill=fill: kern.fill_padding(padded, sizes, fill),
@@ -739,7 +739,7 @@ def test_mask_ops_exact(kern, width):
     assert_same(indices, ref_indices)
     assert_same(counts, ref_counts)
     for max_count in {0, count // 2, count + 3}:
-        expected = operators._mask_to_indices_reference(mask, max_count)
+        expected = operators.mask_to_indices_torch(mask, max_count)
         indices, counts = kern.mask_to_indices(mask, max_count)
         assert_same(indices, expected[0])
         assert_same(counts, expected[1])
@@ -765,13 +765,13 @@ def test_mask_patterns(kern, width):
     ]
     mask = torch.stack(rows)
     for max_count in (0, 1, width // 3, width, width + 2):
-        expected = operators._mask_to_indices_reference(mask, max_count)
+        expected = operators.mask_to_indices_torch(mask, max_count)
         indices, counts = kern.mask_to_indices(mask, max_count)
         assert_same(indices, expected[0])
         assert_same(counts, expected[1])
         data = torch.randn(6, width, 3, generator=torch.Generator().manual_seed(width))
         out, counts = kern.bool_compaction(data, mask, max_count)
-        ref_out, ref_counts = operators._bool_compaction_reference(data, mask, max_count)
+        ref_out, ref_counts = operators.bool_compaction_torch(data, mask, max_count)
         assert_same(out, ref_out)
         assert_same(counts, ref_counts)
     empty = torch.zeros(0, width, dtype=torch.bool)
@@ -847,13 +847,13 @@ def assert_mask_ops_match(kern, mask: Tensor, max_count: int, path: str) -> None
     with poisoned_empty():
         indices, counts, taken = mask_to_indices_path(kern, mask, max_count)
     assert taken == path
-    expected = operators._mask_to_indices_reference(mask, max_count)
+    expected = operators.mask_to_indices_torch(mask, max_count)
     assert_same(indices, expected[0])
     assert_same(counts, expected[1])
     data = torch.arange(mask.numel() * 2, dtype=torch.int32).view(*mask.shape, 2)
     with poisoned_empty():
         out, counts = kern.bool_compaction(data, mask, max_count)
-    ref_out, ref_counts = operators._bool_compaction_reference(data, mask, max_count)
+    ref_out, ref_counts = operators.bool_compaction_torch(data, mask, max_count)
     assert_same(out, ref_out)
     assert_same(counts, ref_counts)
 
@@ -941,7 +941,7 @@ def test_grid_stride_loops(kern, sms):
         max_len = max(lengths) + 1
         padded = kern.packed_to_padded(values, offsets, max_len, True)
         assert build.state()["last_grid"] == [1, 60, 1]  # one grid row per sample
-        assert_same(padded, operators._packed_to_padded_reference(values, offsets, max_len, True))
+        assert_same(padded, operators.packed_to_padded_torch(values, offsets, max_len, True))
         assert_same(kern.padded_to_packed(padded, offsets, values.shape[0]), values)
         sizes = offsets.diff()
         assert_same(kern.fill_padding(padded, sizes, False), bi.fill_padding(padded, sizes, False))
@@ -955,7 +955,7 @@ def test_grid_stride_loops(kern, sms):
         for direction in ("to padded", "to packed"):
             if direction == "to padded":
                 out = kern.packed_to_padded(wide, wide_offsets, 400, 0.5)
-                expected = operators._packed_to_padded_reference(wide, wide_offsets, 400, 0.5)
+                expected = operators.packed_to_padded_torch(wide, wide_offsets, 400, 0.5)
             else:
                 out = kern.padded_to_packed(expected, wide_offsets, wide.shape[0])
                 expected = wide
@@ -976,7 +976,7 @@ def test_grid_stride_loops(kern, sms):
         mask = mask_case(sms, batch=cap * 2 + 5, width=300)
         indices, counts = kern.mask_to_indices(mask, 300)
         assert_grid_strides(cap * 2 + 5, 1, cap)
-        expected = operators._mask_to_indices_reference(mask, 300)
+        expected = operators.mask_to_indices_torch(mask, 300)
         assert_same(indices, expected[0])
         assert_same(counts, expected[1])
 
@@ -991,7 +991,7 @@ def test_results_do_not_depend_on_the_thread_order(kern, schedule, seed):
             values, offsets, max_len = ragged_case(seed, batch=40, feature=feature)
             assert_same(
                 kern.packed_to_padded(values, offsets, max_len, 2.0),
-                operators._packed_to_padded_reference(values, offsets, max_len, 2.0),
+                operators.packed_to_padded_torch(values, offsets, max_len, 2.0),
             )
             data, indices, sizes = index_case(seed, batch=9, sources=30, width=20, feature=feature)
             assert_same(
@@ -1026,7 +1026,7 @@ def test_conversions_property(kern, lengths, feature, dtype, extra, shift, sms, 
     max_len = max(lengths, default=0) + extra
     with emulation_settings(sms=sms) if sms else nullcontext():
         padded = kern.packed_to_padded(values, offsets, max_len, 3)
-        assert_same(padded, operators._packed_to_padded_reference(values, offsets, max_len, 3))
+        assert_same(padded, operators.packed_to_padded_torch(values, offsets, max_len, 3))
         assert_same(kern.padded_to_packed(shifted(padded, shift), offsets, values.shape[0]), values)
         sizes = torch.randint(-1, max_len + 2, (len(lengths),), generator=gen)
         assert_same(kern.fill_padding(padded, sizes, 0), bi.fill_padding(padded, sizes, 0))
@@ -1047,12 +1047,12 @@ def test_mask_property(kern, batch, width, density, extra, sms, seed):
     max_count = max(0, int(mask.sum(1).max()) + extra if batch else extra)
     data = torch.randint(-9, 9, (batch, width, 2), generator=gen, dtype=torch.int16)
     with emulation_settings(sms=sms) if sms else nullcontext():
-        expected = operators._mask_to_indices_reference(mask, max_count)
+        expected = operators.mask_to_indices_torch(mask, max_count)
         indices, counts = kern.mask_to_indices(mask, max_count)
         assert_same(indices, expected[0])
         assert_same(counts, expected[1])
         out, counts = kern.bool_compaction(data, mask, max_count)
-        assert_same(out, operators._bool_compaction_reference(data, mask, max_count)[0])
+        assert_same(out, operators.bool_compaction_torch(data, mask, max_count)[0])
 
 
 # ---------------------------------------------------------------------------------- the engine

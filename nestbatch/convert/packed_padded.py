@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from nestbatch import kernels
-from nestbatch.kernels import reference
+from nestbatch.kernels import torch_impl
 from nestbatch.layouts import Packed, Padded, RowPartition
 from nestbatch.layouts.padded import filler_key
 
@@ -95,11 +95,11 @@ def reference_packed_values_to_padded(
 
     Padded slots are computed as a gather (each slot reads its source row or is filled), so every
     output element is written once. One ragged dim runs
-    :func:`nestbatch.kernels.reference.packed_to_padded`.
+    :func:`nestbatch.kernels.torch_impl.packed_to_padded`.
     """
     padded_shape = tuple(padded_shape)
     if partition.num_ragged_dims == 1:
-        return reference.packed_to_padded(
+        return torch_impl.packed_to_padded(
             values, partition.offsets, padded_shape[0], padding_value
         )
     shape = (partition.batch_size, *padded_shape, *values.shape[1:])
@@ -111,7 +111,7 @@ def reference_packed_values_to_padded(
     rows = values.index_select(0, sources.clamp(max=values.shape[0] - 1).reshape(-1))
     out = rows.view(shape)
     trailing = (1,) * (values.dim() - 1)
-    # In place on the fresh gather output (see kernels.reference.packed_to_padded).
+    # In place on the fresh gather output (see kernels.torch_impl.packed_to_padded).
     return out.masked_fill_(~inside.view(*inside.shape, *trailing), padding_value)
 
 

@@ -14,9 +14,9 @@ copies). On the CPU the conversions can do better:
   (``fill_padding`` is the exception: it copies the data, then overwrites the padded rows.)
 
 These paths are not differentiable (``out=`` ops are not), so a call that autograd must record
-runs the reference instead; so do inputs outside the operators' normal contract (decreasing
+runs the fallback instead; so do inputs outside the operators' normal contract (decreasing
 offsets, samples longer than the padded length, packed offsets that do not start at 0), where the
-reference defines the behaviour.
+fallback defines the behaviour.
 The index operators of the ``RaggedBatch`` helpers (writes, inverse access, index mapping,
 masks <-> indices, boolean compaction) take a selection path at small sizes: see
 :data:`SELECTION_SLOTS`.
@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.types import Number
 
 from nestbatch.kernels.host_memory import empty_for_write
-from nestbatch.kernels.reference import sizes_mask
+from nestbatch.kernels.torch_impl import sizes_mask
 
 __all__ = [
     "bool_compaction",
@@ -58,8 +58,8 @@ __all__ = [
 LARGE_OUTPUT_BYTES = 24 << 20
 
 #: Each operator's one-write path (every output element written once, into memory advised as
-#: huge pages when large) replaces its reference from this output size on; smaller outputs keep
-#: the reference, whose fixed costs are lower. Measured on 2 cores, B=32-16384 samples, rows of
+#: huge pages when large) replaces its fallback from this output size on; smaller outputs keep
+#: the fallback, whose fixed costs are lower. Measured on 2 cores, B=32-16384 samples, rows of
 #: 8-64 floats: packed -> padded is 1.0-10x faster (2-6x typical) from 2 MB on and 0.55-4x at
 #: 0.5-1 MB; fill_padding 1.6-2.6x from 4 MB on and 0.5-1.7x at 1-2 MB.
 ONE_WRITE_PADDED_BYTES = 2 << 20
@@ -78,15 +78,15 @@ ONE_WRITE_ACCESS_BYTES = 256 << 10
 BLOCK_ROWS = 1024
 
 #: Below :data:`ONE_WRITE_PADDED_BYTES`, ``out=`` takes the block path when samples average at least
-#: this many elements, else the reference plus a copy. Measured on 2 cores: blocks are 1.3x
-#: faster at 6k elements per sample (B=8) and 2x at 24k (B=64), the reference 1.2-2.7x faster at
+#: this many elements, else the fallback plus a copy. Measured on 2 cores: blocks are 1.3x
+#: faster at 6k elements per sample (B=8) and 2x at 24k (B=64), the fallback 1.2-2.7x faster at
 #: 48-384 elements per sample.
 SMALL_BLOCK_ELEMENTS = 512
 
 
 #: aten's jagged <-> padded CPU kernels take a small conversion up to this many samples: they
 #: cost about 15 us plus 2 us per sample (measured on 2 cores: 16 us at B=4, 150 us at B=64,
-#: where the reference takes 60-100 us).
+#: where the fallback takes 60-100 us).
 ATEN_JAGGED_SAMPLES = 16
 
 #: Dtypes aten's jagged <-> padded CPU kernels cover (all but complex and the rarer unsigned).
@@ -131,7 +131,7 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
 
 def _held_exactly(filler: Number, dtype: torch.dtype) -> bool:
     """Whether ``dtype`` holds ``filler`` as given (aten's kernels would convert it silently;
-    elsewhere the reference path raises torch's error for a filler out of range)."""
+    elsewhere the fallback path raises torch's error for a filler out of range)."""
     if dtype.is_floating_point:
         return type(filler) is float or float(filler) == filler
     if isinstance(filler, float) and not filler.is_integer():
@@ -224,12 +224,12 @@ def packed_to_padded(
     offsets: Tensor,
     max_len: int,
     padding_value: Number,
-    reference,
+    fallback,
     out: Tensor | None = None,
 ) -> Tensor:
     """``(total, *D)`` packed rows -> ``(B, max_len, *D)`` (the ``nestbatch::packed_to_padded``
     operator on the CPU), written into ``out`` when given (contiguous, of the right shape).
-    ``reference`` computes the same thing where this path does not apply.
+    ``fallback`` computes the same thing where this path does not apply.
     """
     batch = offsets.shape[0] - 1
     if (out is None and batch >= LISTED_FROM_SAMPLES and values.shape[0] <= LISTED_ROWS
@@ -246,11 +246,11 @@ def packed_to_padded(
     if out is None and batch <= ATEN_JAGGED_SAMPLES and not large and _aten_jagged_applies(
         values, offsets, padding_value
     ):
-        # One C++ call, whose fixed cost (~15 us) beats the reference's several ops.
+        # One C++ call, whose fixed cost (~15 us) beats the fallback's several ops.
         try:
             return _JAGGED_TO_PADDED(values, [offsets], [max_len], float(padding_value))
         except RuntimeError:
-            pass  # offsets outside aten's contract: the reference defines the result
+            pass  # offsets outside aten's contract: the fallback defines the result
     shape = (batch, max_len, *values.shape[1:])
     # A caller's buffer has no fresh pages to pay for: below ONE_WRITE_PADDED_BYTES, copying
     # blocks straight into it beats computing a new tensor and copying that, unless samples are
@@ -258,11 +258,11 @@ def packed_to_padded(
     one_write = output_bytes >= ONE_WRITE_PADDED_BYTES
     small_blocks = out is not None and values.numel() >= SMALL_BLOCK_ELEMENTS * batch
     if not ((one_write or small_blocks) and _applies(values, offsets)):
-        return _into(reference(values, offsets, max_len, padding_value), out)
+        return _into(fallback(values, offsets, max_len, padding_value), out)
     lengths = _regular_lengths(offsets, max_len)
     start, stop = int(offsets[0]), int(offsets[-1])
     if lengths is None or not 0 <= start <= stop <= values.shape[0]:
-        return _into(reference(values, offsets, max_len, padding_value), out)
+        return _into(fallback(values, offsets, max_len, padding_value), out)
     out = empty_for_write(shape, like=values) if out is None else out
     if out.numel() == 0:
         return out
@@ -281,13 +281,13 @@ def packed_to_padded(
 
 
 def padded_to_packed(
-    data: Tensor, offsets: Tensor, total: int, reference, out: Tensor | None = None
+    data: Tensor, offsets: Tensor, total: int, fallback, out: Tensor | None = None
 ) -> Tensor:
     """``(B, L, *D)`` padded data -> ``(total, *D)`` packed rows (``nestbatch::padded_to_packed``
-    on the CPU), written into ``out`` when given (contiguous, of the right shape). ``reference``
+    on the CPU), written into ``out`` when given (contiguous, of the right shape). ``fallback``
     computes the same thing where this path does not apply."""
     if not _applies(data, offsets):
-        return _into(reference(data, offsets, total), out)
+        return _into(fallback(data, offsets, total), out)
     batch, width = data.shape[:2]
     if out is None and total <= LISTED_ROWS:
         listed = _grid_rows(offsets, width)
@@ -302,7 +302,7 @@ def padded_to_packed(
             pass  # lengths past the padded width, or offsets not ending at total
     lengths = _regular_lengths(offsets, width)
     if lengths is None or int(offsets[0]) != 0 or int(offsets[-1]) != total:
-        return _into(reference(data, offsets, total), out)
+        return _into(fallback(data, offsets, total), out)
     out = empty_for_write((total, *data.shape[2:]), like=data) if out is None else out
     if total == 0:
         return out
@@ -315,13 +315,13 @@ def padded_to_packed(
     return out
 
 
-def fill_padding(data: Tensor, sizes: Tensor, value: Number, reference) -> Tensor:
+def fill_padding(data: Tensor, sizes: Tensor, value: Number, fallback) -> Tensor:
     """``(B, N, *D)`` with slots ``>= sizes[b]`` set to ``value`` (``nestbatch::fill_padding``
-    on the CPU). ``reference`` computes the same thing where this path does not apply."""
+    on the CPU). ``fallback`` computes the same thing where this path does not apply."""
     if not _applies(data, sizes):
-        return reference(data, sizes, value)
+        return fallback(data, sizes, value)
     if data.numel() * data.element_size() < ONE_WRITE_FILL_BYTES:
-        return reference(data, sizes, value)
+        return fallback(data, sizes, value)
     batch, width = data.shape[:2]
     lengths = sizes.long().clamp(0, width)
     out = empty_for_write(data.shape, like=data)
@@ -332,10 +332,10 @@ def fill_padding(data: Tensor, sizes: Tensor, value: Number, reference) -> Tenso
 
 
 def indexing_access(
-    data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number, reference
+    data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number, fallback
 ) -> Tensor:
     """Per-sample gather ``(B, N, *D)`` -> ``(B, M, *D)``, filler for slots ``j >= sizes[b]``
-    (``nestbatch::indexing_access`` on the CPU). ``reference`` computes the same thing where
+    (``nestbatch::indexing_access`` on the CPU). ``fallback`` computes the same thing where
     this path does not apply; indices of valid slots must be in range (the caller checks)."""
     if _access_selects(data, indices):
         return _select_access(data, indices, sizes, filler_value)
@@ -343,11 +343,11 @@ def indexing_access(
     shape = (batch, width, *data.shape[2:])
     large = math.prod(shape) * data.element_size() >= ONE_WRITE_ACCESS_BYTES
     if not (large and data.shape[1] > 0 and _applies(data, indices)):
-        return reference(data, indices, sizes, filler_value)
+        return fallback(data, indices, sizes, filler_value)
     valid = sizes_mask(sizes.long(), width)
     # Padded slots may hold any index: read row 0 of their sample, then overwrite them. Valid
     # slots out of range (unchecked callers) read the clamped row of their own sample, as the
-    # reference does, never another sample's.
+    # fallback does, never another sample's.
     rows = torch.where(valid, indices.long().clamp(0, data.shape[1] - 1), 0)
     rows += torch.arange(batch).unsqueeze(1) * data.shape[1]
     flat = data.reshape(batch * data.shape[1], *data.shape[2:])
@@ -372,7 +372,7 @@ SELECTION_SLOTS = 1 << 12
 
 #: ``indexing_write`` also keeps its selection path only while the rows it writes (slots times
 #: the bytes of a row) fit in this many bytes: its advanced-index assignment slows down with
-#: the rows' size (measured on 2 cores: 1.15-1.5x faster than the reference at 128 KB, even at
+#: the rows' size (measured on 2 cores: 1.15-1.5x faster than the fallback at 128 KB, even at
 #: 256 KB, 3x slower at 1 MB).
 WRITE_SELECTION_BYTES = 128 << 10
 
@@ -495,39 +495,39 @@ def call_validating(name: str, args: tuple) -> Tensor | None:
     return path[1](*args)
 
 
-def _selected_or(name: str, reference, *args: object) -> Tensor:
-    """The selection path of operator ``name`` where it runs on ``args``, else ``reference``."""
+def _selected_or(name: str, fallback, *args: object) -> Tensor:
+    """The selection path of operator ``name`` where it runs on ``args``, else ``fallback``."""
     selects, selection = _SELECTION_PATHS[name]
-    return selection(*args) if selects(*args) else reference(*args)
+    return selection(*args) if selects(*args) else fallback(*args)
 
 
 def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor,
-                   reference) -> Tensor:
+                   fallback) -> Tensor:
     """``into`` with ``out[b, indices[b, j]] = to_write[b, j]`` for ``j < sizes[b]``
-    (``nestbatch::indexing_write`` on the CPU); ``reference`` where this path does not apply."""
-    return _selected_or("indexing_write", reference, to_write, indices, sizes, into)
+    (``nestbatch::indexing_write`` on the CPU); ``fallback`` where this path does not apply."""
+    return _selected_or("indexing_write", fallback, to_write, indices, sizes, into)
 
 
 def inverse_indexing_access(data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int,
-                            filler_value: Number, reference) -> Tensor:
+                            filler_value: Number, fallback) -> Tensor:
     """``(B, num_targets, *D)`` filler with ``out[b, indices[b, j]] = data[b, j]`` written in
     (``nestbatch::inverse_indexing_access`` on the CPU)."""
-    return _selected_or("inverse_indexing_access", reference, data, indices, sizes, num_targets,
+    return _selected_or("inverse_indexing_access", fallback, data, indices, sizes, num_targets,
                         filler_value)
 
 
 def index_mapping(source: Tensor, source_indices: Tensor, target_indices: Tensor,
-                  sizes: Tensor, target: Tensor, reference) -> Tensor:
+                  sizes: Tensor, target: Tensor, fallback) -> Tensor:
     """``target`` with ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``
     (``nestbatch::index_mapping`` on the CPU)."""
-    return _selected_or("index_mapping", reference, source, source_indices, target_indices,
+    return _selected_or("index_mapping", fallback, source, source_indices, target_indices,
                         sizes, target)
 
 
-def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int, reference) -> Tensor:
+def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int, fallback) -> Tensor:
     """Bool ``(B, num_targets)``, True at ``indices[b, j]`` for ``j < sizes[b]``
     (``nestbatch::indices_to_mask`` on the CPU)."""
-    return _selected_or("indices_to_mask", reference, indices, sizes, num_targets)
+    return _selected_or("indices_to_mask", fallback, indices, sizes, num_targets)
 
 
 def row_counts(mask: Tensor) -> Tensor:
@@ -544,24 +544,24 @@ def _true_positions(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
     return positions[:, :max_count], kept[:, :max_count]
 
 
-def mask_to_indices(mask: Tensor, max_count: int, reference,
+def mask_to_indices(mask: Tensor, max_count: int, fallback,
                     counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Positions of the True entries of each row, ``(B, max_count)`` int64 (padded slots 0),
     and the counts (``nestbatch::mask_to_indices`` on the CPU). ``counts``: the
     :func:`row_counts` of ``mask`` when the caller has them."""
     if max_count > mask.shape[1] or not _selects(mask.numel(), mask):
-        return reference(mask, max_count)
+        return fallback(mask, max_count)
     positions, kept = _true_positions(mask, max_count)
     return positions * kept, row_counts(mask) if counts is None else counts
 
 
-def bool_compaction(data: Tensor, mask: Tensor, max_count: int, reference,
+def bool_compaction(data: Tensor, mask: Tensor, max_count: int, fallback,
                     counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The selected rows of ``(B, N, *D)`` packed to the front, ``(B, max_count, *D)`` (padded
     slots 0), and the counts (``nestbatch::bool_compaction`` on the CPU). ``counts``: the
     :func:`row_counts` of ``mask`` when the caller has them."""
     if max_count > mask.shape[1] or not _selects(mask.numel(), data, mask):
-        return reference(data, mask, max_count)
+        return fallback(data, mask, max_count)
     positions, kept = _true_positions(mask, max_count)
     trailing = (1,) * (data.dim() - 2)
     rows = torch.gather(data, 1, positions.view(*positions.shape, *trailing).expand(

@@ -5,7 +5,7 @@ opaque node (its fake kernel gives output shapes without running it) and ``torch
 can verify its registrations.
 
 * The device-agnostic implementation (used on CUDA when the compiled extension is missing, and
-  on the CPU) is the pure-PyTorch reference of :mod:`nestbatch.kernels.reference`. On the CPU
+  on the CPU) is the pure-PyTorch reference of :mod:`nestbatch.kernels.torch_impl`. On the CPU
   every operator runs :mod:`nestbatch.kernels.cpu` instead (same results: one write per
   element and aten's jagged kernels for the conversions, a selection path for small index
   operators), which calls the reference where its shortcuts do not apply.
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.types import Number
 
-from nestbatch.kernels import cpu, reference
+from nestbatch.kernels import cpu, torch_impl
 from nestbatch.kernels.extension import load_extension
 
 __all__ = [
@@ -112,20 +112,20 @@ def _accumulate_rows(grad: Tensor, indices: Tensor, sizes: Tensor, num_sources: 
 
 
 # ------------------------------------------------------------------------------ packed -> padded
-def _packed_to_padded_reference(
+def packed_to_padded_torch(
     values: Tensor, offsets: Tensor, max_len: int, padding_value: Number
 ) -> Tensor:
     """``(total, *D)`` packed rows -> ``(B, max_len, *D)``; ``offsets`` is ``(B + 1,)``."""
-    return reference.packed_to_padded(values, offsets, max_len, padding_value).contiguous()
+    return torch_impl.packed_to_padded(values, offsets, max_len, padding_value).contiguous()
 
 
 # (The CPU implementations are partials, not wrapper functions: the same call without a Python
 # frame, which :func:`nestbatch.kernels.call` pays on every host call.)
-_packed_to_padded_cpu = partial(cpu.packed_to_padded, reference=_packed_to_padded_reference)
+_packed_to_padded_cpu = partial(cpu.packed_to_padded, fallback=packed_to_padded_torch)
 
 
 packed_to_padded_op = _define(
-    "packed_to_padded", _packed_to_padded_reference, _packed_to_padded_cpu
+    "packed_to_padded", packed_to_padded_torch, _packed_to_padded_cpu
 )
 
 
@@ -151,16 +151,16 @@ packed_to_padded_op.register_autograd(
 
 
 # ------------------------------------------------------------------------------ padded -> packed
-def _padded_to_packed_reference(data: Tensor, offsets: Tensor, total: int) -> Tensor:
+def padded_to_packed_torch(data: Tensor, offsets: Tensor, total: int) -> Tensor:
     """``(B, L, *D)`` padded data -> ``(total, *D)`` packed rows; ``offsets`` is ``(B + 1,)``."""
-    return reference.padded_to_packed(data, offsets, total).contiguous()
+    return torch_impl.padded_to_packed(data, offsets, total).contiguous()
 
 
-_padded_to_packed_cpu = partial(cpu.padded_to_packed, reference=_padded_to_packed_reference)
+_padded_to_packed_cpu = partial(cpu.padded_to_packed, fallback=padded_to_packed_torch)
 
 
 padded_to_packed_op = _define(
-    "padded_to_packed", _padded_to_packed_reference, _padded_to_packed_cpu
+    "padded_to_packed", padded_to_packed_torch, _padded_to_packed_cpu
 )
 
 
@@ -186,15 +186,15 @@ padded_to_packed_op.register_autograd(
 
 
 # --------------------------------------------------------------------------------- fill padding
-def _fill_padding_reference(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
+def fill_padding_torch(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
     """``(B, N, *D)`` with slots ``>= sizes[b]`` along dim 1 set to ``value`` (a new tensor)."""
-    return reference.fill_padding(data, sizes, value).contiguous()
+    return torch_impl.fill_padding(data, sizes, value).contiguous()
 
 
-_fill_padding_cpu = partial(cpu.fill_padding, reference=_fill_padding_reference)
+_fill_padding_cpu = partial(cpu.fill_padding, fallback=fill_padding_torch)
 
 
-fill_padding_op = _define("fill_padding", _fill_padding_reference, _fill_padding_cpu)
+fill_padding_op = _define("fill_padding", fill_padding_torch, _fill_padding_cpu)
 
 
 @fill_padding_op.register_fake
@@ -215,17 +215,17 @@ fill_padding_op.register_autograd(_fill_padding_backward, setup_context=_sizes_s
 
 
 # ------------------------------------------------------------------------------ indexing access
-def _indexing_access_reference(
+def indexing_access_torch(
     data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number
 ) -> Tensor:
     """Per-sample gather ``out[b, j] = data[b, indices[b, j]]``, filler for ``j >= sizes[b]``."""
-    return reference.indexing_access(data, indices, sizes, filler_value).contiguous()
+    return torch_impl.indexing_access(data, indices, sizes, filler_value).contiguous()
 
 
-_indexing_access_cpu = partial(cpu.indexing_access, reference=_indexing_access_reference)
+_indexing_access_cpu = partial(cpu.indexing_access, fallback=indexing_access_torch)
 
 
-indexing_access_op = _define("indexing_access", _indexing_access_reference, _indexing_access_cpu)
+indexing_access_op = _define("indexing_access", indexing_access_torch, _indexing_access_cpu)
 
 
 @indexing_access_op.register_fake
@@ -250,15 +250,15 @@ indexing_access_op.register_autograd(
 
 
 # ------------------------------------------------------------------------------- indexing write
-def _indexing_write_reference(
+def indexing_write_torch(
     to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor
 ) -> Tensor:
     """``into`` with ``out[b, indices[b, j]] = to_write[b, j]`` for ``j < sizes[b]``."""
-    return reference.indexing_write(to_write, indices, sizes, into).contiguous()
+    return torch_impl.indexing_write(to_write, indices, sizes, into).contiguous()
 
 
-_indexing_write_cpu = partial(cpu.indexing_write, reference=_indexing_write_reference)
-indexing_write_op = _define("indexing_write", _indexing_write_reference, _indexing_write_cpu)
+_indexing_write_cpu = partial(cpu.indexing_write, fallback=indexing_write_torch)
+indexing_write_op = _define("indexing_write", indexing_write_torch, _indexing_write_cpu)
 
 
 @indexing_write_op.register_fake
@@ -288,20 +288,20 @@ indexing_write_op.register_autograd(_indexing_write_backward, setup_context=_ind
 
 
 # ---------------------------------------------------------------------- inverse indexing access
-def _inverse_indexing_access_reference(
+def inverse_indexing_access_torch(
     data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int, filler_value: Number
 ) -> Tensor:
     """``(B, num_targets, *D)`` filler with ``out[b, indices[b, j]] = data[b, j]`` written in."""
-    return reference.inverse_indexing_access(
+    return torch_impl.inverse_indexing_access(
         data, indices, sizes, num_targets, filler_value
     ).contiguous()
 
 
 _inverse_indexing_access_cpu = partial(
-    cpu.inverse_indexing_access, reference=_inverse_indexing_access_reference
+    cpu.inverse_indexing_access, fallback=inverse_indexing_access_torch
 )
 inverse_indexing_access_op = _define(
-    "inverse_indexing_access", _inverse_indexing_access_reference, _inverse_indexing_access_cpu
+    "inverse_indexing_access", inverse_indexing_access_torch, _inverse_indexing_access_cpu
 )
 
 
@@ -326,17 +326,17 @@ inverse_indexing_access_op.register_autograd(_inverse_backward, setup_context=_i
 
 
 # -------------------------------------------------------------------------------- index mapping
-def _index_mapping_reference(
+def index_mapping_torch(
     source: Tensor, source_indices: Tensor, target_indices: Tensor, sizes: Tensor, target: Tensor
 ) -> Tensor:
     """``target`` with ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``."""
-    return reference.index_mapping(
+    return torch_impl.index_mapping(
         source, source_indices, target_indices, sizes, target
     ).contiguous()
 
 
-_index_mapping_cpu = partial(cpu.index_mapping, reference=_index_mapping_reference)
-index_mapping_op = _define("index_mapping", _index_mapping_reference, _index_mapping_cpu)
+_index_mapping_cpu = partial(cpu.index_mapping, fallback=index_mapping_torch)
+index_mapping_op = _define("index_mapping", index_mapping_torch, _index_mapping_cpu)
 
 
 @index_mapping_op.register_fake
@@ -369,15 +369,15 @@ index_mapping_op.register_autograd(_index_mapping_backward, setup_context=_index
 
 
 # ------------------------------------------------------------------------------- mask -> indices
-def _mask_to_indices_reference(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+def mask_to_indices_torch(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
     """Positions of the True entries of each row of a ``(B, N)`` mask, in increasing order:
     ``indices`` ``(B, max_count)`` int64 (padded slots 0; entries of rank ``>= max_count``
     dropped) and ``counts`` ``(B,)`` int64."""
-    return reference.mask_to_indices(mask, max_count)
+    return torch_impl.mask_to_indices(mask, max_count)
 
 
-_mask_to_indices_cpu = partial(cpu.mask_to_indices, reference=_mask_to_indices_reference)
-mask_to_indices_op = _define("mask_to_indices", _mask_to_indices_reference, _mask_to_indices_cpu)
+_mask_to_indices_cpu = partial(cpu.mask_to_indices, fallback=mask_to_indices_torch)
+mask_to_indices_op = _define("mask_to_indices", mask_to_indices_torch, _mask_to_indices_cpu)
 
 
 @mask_to_indices_op.register_fake
@@ -390,13 +390,13 @@ def _(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
 
 
 # ------------------------------------------------------------------------------- indices -> mask
-def _indices_to_mask_reference(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
+def indices_to_mask_torch(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
     """Bool ``(B, num_targets)`` with ``mask[b, indices[b, j]] = True`` for ``j < sizes[b]``."""
-    return reference.indices_to_mask(indices, sizes, num_targets).contiguous()
+    return torch_impl.indices_to_mask(indices, sizes, num_targets).contiguous()
 
 
-_indices_to_mask_cpu = partial(cpu.indices_to_mask, reference=_indices_to_mask_reference)
-indices_to_mask_op = _define("indices_to_mask", _indices_to_mask_reference, _indices_to_mask_cpu)
+_indices_to_mask_cpu = partial(cpu.indices_to_mask, fallback=indices_to_mask_torch)
+indices_to_mask_op = _define("indices_to_mask", indices_to_mask_torch, _indices_to_mask_cpu)
 
 
 @indices_to_mask_op.register_fake
@@ -405,22 +405,22 @@ def _(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
 
 
 # ------------------------------------------------------------------------------ bool compaction
-def _bool_compaction_reference(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
+def bool_compaction_torch(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
     """Selected rows of ``(B, N, *D)`` packed to the front: ``(B, max_count, *D)``, counts."""
-    indices, counts = _mask_to_indices_reference(mask, max_count)
-    return reference.indexing_access(data, indices, counts, 0).contiguous(), counts
+    indices, counts = mask_to_indices_torch(mask, max_count)
+    return torch_impl.indexing_access(data, indices, counts, 0).contiguous(), counts
 
 
 def _bool_compaction_by_gather(
     data: Tensor, mask: Tensor, max_count: int
 ) -> tuple[Tensor, Tensor]:
     # Large host masks: the indices, then the CPU gather (its one-write path for large outputs).
-    indices, counts = _mask_to_indices_reference(mask, max_count)
+    indices, counts = mask_to_indices_torch(mask, max_count)
     return _indexing_access_cpu(data, indices, counts, 0), counts
 
 
-_bool_compaction_cpu = partial(cpu.bool_compaction, reference=_bool_compaction_by_gather)
-bool_compaction_op = _define("bool_compaction", _bool_compaction_reference, _bool_compaction_cpu)
+_bool_compaction_cpu = partial(cpu.bool_compaction, fallback=_bool_compaction_by_gather)
+bool_compaction_op = _define("bool_compaction", bool_compaction_torch, _bool_compaction_cpu)
 
 
 @bool_compaction_op.register_fake

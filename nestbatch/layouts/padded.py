@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from nestbatch._validation import check_fits, check_tensor
-from nestbatch.kernels.reference import sizes_mask
+from nestbatch.kernels.torch_impl import sizes_mask
 from nestbatch.layouts.base import RaggedLayout
 from nestbatch.layouts.memo import memoized
 from nestbatch.layouts.partition import RowPartition

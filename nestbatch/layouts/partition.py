@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nestbatch.kernels.arguments import making_fake_tensors
-from nestbatch.kernels.reference import sizes_mask
+from nestbatch.kernels.dispatch import making_fake_tensors
+from nestbatch.kernels.torch_impl import sizes_mask
 from nestbatch.layouts.memo import memoized
 
 

@@ -1,0 +1,186 @@
+"""Argument checks of the kernels' entry points and of the layers above (one message each):
+tensors, integer index tensors, counts, fillers, devices, ``out=`` buffers and index bounds."""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+from torch import Tensor
+
+from nestbatch.kernels.torch_impl import sizes_mask
+
+
+def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value") -> object:
+    """``value`` if a tensor of ``dtype`` can hold it exactly, as torch's fill would store it.
+
+    Numbers only (a 0-d host tensor is read); integer dtypes take integral values in their range
+    (``0.0`` is fine, ``2.5`` or ``-1`` for ``uint8`` is not), bool takes 0 and 1, floating
+    dtypes take anything their range holds (infinities and nan included).
+
+    Raises
+    ------
+    TypeError
+        For something that is not a number.
+    ValueError
+        For a number the dtype cannot hold, naming ``name``, the dtype and the value.
+    """
+    if isinstance(value, Tensor) and value.numel() == 1 and value.is_cpu:
+        value = value.item()
+    if not isinstance(value, int | float | complex):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    key = (type(value), value, dtype)
+    if not torch.compiler.is_compiling() and key in _FILLERS_SEEN:
+        return value  # (a traced graph checks afresh: no guard on this module's memo)
+    if isinstance(value, complex) and not dtype.is_complex:
+        raise ValueError(f"{name}={value!r} is complex; a {dtype} tensor cannot hold it")
+    if dtype.is_complex:
+        _remember(key)  # a complex tensor holds every number
+        return value
+    if dtype.is_floating_point:
+        largest = torch.finfo(dtype).max
+        if math.isfinite(value) and abs(value) > largest:
+            raise ValueError(f"{name}={value!r} overflows {dtype} (largest {largest})")
+    else:
+        info = None if dtype == torch.bool else torch.iinfo(dtype)
+        low, high = (0, 1) if info is None else (info.min, info.max)
+        integral = isinstance(value, int) or (math.isfinite(value) and float(value).is_integer())
+        if not integral or not low <= value <= high:
+            raise ValueError(
+                f"{name}={value!r} cannot be held by a {dtype} tensor (integers in [{low}, {high}])"
+            )
+    _remember(key)
+    return value
+
+
+_FILLERS_SEEN: set = set()
+
+
+def _remember(key: tuple) -> None:
+    # A few hundred (type, value, dtype) triples: the fillers a program uses, checked once.
+    # Not while torch.compile traces: a graph must not change module state it guards on.
+    if not torch.compiler.is_compiling() and len(_FILLERS_SEEN) < 256:
+        _FILLERS_SEEN.add(key)
+
+
+def check_count(value: object, name: str) -> int:
+    """A non-negative Python int (NumPy integers and 0-d integer tensors too; not bools,
+    floats or strings)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got a bool ({value})")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})") from None
+    if count < 0:
+        raise ValueError(f"{name} must be non-negative, got {count}")
+    return count
+
+
+def check_tensor(value: object, name: str) -> Tensor:
+    """``value``, or a ``TypeError`` unless it is a tensor."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_index_tensor(name: str, value: object, dim: int) -> Tensor:
+    tensor = check_tensor(value, name)
+    if tensor.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an int32 or int64 tensor, got {tensor.dtype}")
+    if tensor.dim() != dim:
+        raise ValueError(f"{name} must have {dim} dims, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def filler_arg(name: str, value: object, dtype: torch.dtype) -> int | float | bool:
+    # Cast to ``dtype`` as torch's fills do (5 is True for bool); not a number is an error.
+    # (The front object's conversions refuse what the dtype cannot hold exactly.)
+    if isinstance(value, Tensor) and value.numel() == 1:
+        # A 0-d tensor filler is read on the host (one sync if it lives on the device).
+        return value.item()
+    if not isinstance(value, int | float | bool):
+        raise TypeError(f"{name} must be a Python int, float or bool, got {type(value).__name__}")
+    return value
+
+
+def check_same_device(reference: Tensor, **others: Tensor) -> None:
+    for name, tensor in others.items():
+        if tensor.device != reference.device:
+            raise ValueError(f"{name} is on {tensor.device}, the data on {reference.device}")
+
+
+def check_out(out: object, shape: tuple[int, ...], source: Tensor) -> None:
+    out = check_tensor(out, "out")
+    if tuple(out.shape) != shape or out.dtype != source.dtype or out.device != source.device:
+        raise ValueError(
+            f"out must be a {shape} {source.dtype} tensor on {source.device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    if torch.is_grad_enabled() and (source.requires_grad or out.requires_grad):
+        raise RuntimeError(
+            "out= is not differentiable: call without out, or under torch.no_grad()"
+        )
+
+
+def check_batched(name: str, data: Tensor, batch_size: int | None = None) -> Tensor:
+    if data.dim() < 2:
+        raise ValueError(f"{name} must have shape (B, N, *D), got {tuple(data.shape)}")
+    if batch_size is not None and data.shape[0] != batch_size:
+        raise ValueError(f"{name} has {data.shape[0]} samples, expected {batch_size}")
+    return data
+
+
+def check_index_args(data: Tensor, indices: object, sizes: object) -> tuple[Tensor, Tensor]:
+    indices = check_index_tensor("indices", indices, 2)
+    sizes = check_index_tensor("sizes", sizes, 1)
+    if indices.shape[0] != data.shape[0] or sizes.shape[0] != data.shape[0]:
+        raise ValueError(
+            f"indices {tuple(indices.shape)} and sizes {tuple(sizes.shape)} must have one row "
+            f"per sample ({data.shape[0]})"
+        )
+    check_same_device(data, indices=indices, sizes=sizes)
+    return indices, sizes
+
+
+def check_index_bounds(name: str, indices: Tensor, sizes: Tensor, bound: int) -> None:
+    """Raise ``IndexError`` if a valid slot of ``indices`` is outside ``[0, bound)``.
+
+    One ``aminmax`` over every slot and one read of its two numbers (a synchronization when
+    the tensors live on a device). Only when a slot, possibly a padding one, is out of range are
+    the valid slots checked alone (more reads, to name the bad slot).
+    """
+    if indices.numel() == 0:
+        return
+    low, high = torch.stack(torch.aminmax(indices)).cpu().tolist()
+    if 0 <= low and high < bound:
+        return
+    valid = sizes_mask(sizes, indices.shape[1])
+    bad = valid & ((indices < 0) | (indices >= bound))
+    if bool(bad.any()):
+        sample, slot = (int(i) for i in bad.nonzero()[0])
+        raise IndexError(
+            f"{name}[{sample}, {slot}] = {int(indices[sample, slot])} is out of range for a "
+            f"dim of size {bound}"
+        )
+
+
+def max_count_of(mask: Tensor, max_count: int | None) -> int:
+    if max_count is not None:
+        return check_count(max_count, "max_count")
+    if mask.shape[0] == 0:
+        return 0
+    # The output width is data dependent: one read of the device.
+    return int(mask.sum(dim=1).amax().cpu())
+
+
+def check_mask(mask: object, rows: int | None = None, width: int | None = None) -> Tensor:
+    mask = check_tensor(mask, "mask")
+    if mask.dtype != torch.bool or mask.dim() != 2:
+        raise ValueError(f"mask must be a bool tensor (B, N), got {mask.dtype} {tuple(mask.shape)}")
+    if rows is not None and tuple(mask.shape) != (rows, width):
+        raise ValueError(f"mask must have shape {(rows, width)}, got {tuple(mask.shape)}")
+    return mask

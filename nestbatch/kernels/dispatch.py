@@ -1,0 +1,96 @@
+"""The road from nestbatch's layers to the ``nestbatch::*`` operators: which implementation a
+call runs (the compiled CUDA kernel, the operator, or its CPU implementation directly), without
+argument checks (:mod:`nestbatch.kernels.checks` and the entry points of
+:mod:`nestbatch.kernels.api` make them)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+
+from nestbatch.kernels import cpu, operators  # (operators registers nestbatch::*)
+from nestbatch.kernels.extension import load_extension
+
+_ops = torch.ops.nestbatch
+
+
+def call(name: str, *args: object) -> object:
+    """Run operator ``nestbatch::<name>`` on arguments the caller has already validated.
+
+    The one road from nestbatch's layouts to the operators: no argument checks (the public
+    functions of this module make them), no device reads. CUDA tensors, fake tensors and
+    graphs that ``torch.compile`` traces go through the operator (compiled kernel, fake kernel,
+    autograd formula). Host tensors would only run its CPU implementation, so that is called
+    directly: the same computation, differentiated by PyTorch's autograd, without the
+    custom-op dispatch (about 50 us a call).
+    """
+    first = args[0]
+    if isinstance(first, FakeTensor) or torch.compiler.is_compiling():
+        return getattr(_ops, name)(*args)
+    if first.is_cpu:  # runs_on_host, inline
+        return CPU[name](*args)
+    if first.is_cuda:
+        kernel = _direct_kernel(name, args)
+        if kernel is not None:
+            return kernel(*args)
+    return getattr(_ops, name)(*args)
+
+
+def runs_on_host(first: Tensor) -> bool:
+    """Whether :func:`call` runs the CPU implementation directly (host tensors, eager)."""
+    return first.is_cpu and not isinstance(first, FakeTensor) and not torch.compiler.is_compiling()
+
+
+def call_validating(name: str, *args: object) -> Tensor | None:
+    """:func:`call` of operator ``name`` on ``args`` when that call checks the indices itself,
+    else ``None`` (nothing computed).
+
+    Such a call raises (``IndexError`` or ``RuntimeError``) for every valid slot outside
+    ``[-n, n)`` (``n`` the size of the dim the slot indexes) and counts a negative slot from
+    the end of that dim or raises for it too. So far: host calls that take the CPU selection
+    path (:func:`nestbatch.kernels.cpu.call_validating`).
+    """
+    return cpu.call_validating(name, args) if runs_on_host(args[0]) else None
+
+
+def runs_compiled(args: tuple) -> bool:
+    """Whether an operator called on ``args`` runs the compiled CUDA kernels, which never read
+    or write out of bounds whatever the indices (the PyTorch implementations may raise)."""
+    first = args[0]
+    return (
+        first.is_cuda
+        and not isinstance(first, FakeTensor)
+        and not torch.compiler.is_compiling()
+        and load_extension()
+        and operators.kernels_cover(args)
+    )
+
+
+def _direct_kernel(name: str, args: tuple):
+    """The compiled CUDA kernel of operator ``name`` when it covers ``args`` (their dtypes) and
+    autograd has nothing to record, else ``None``.
+
+    Called straight through the C++ dispatcher: the same kernel the operator would run, without
+    the Python layers of ``torch.library.custom_op`` (about 15 us a call, the kernel's own time
+    at small sizes). One pass over ``args`` without generator frames: every CUDA call pays it.
+    """
+    grad = torch.is_grad_enabled()
+    for arg in args:
+        if isinstance(arg, Tensor) and (
+            arg.dtype not in _KERNEL_DTYPES or (grad and arg.requires_grad)
+        ):
+            return None
+    return operators.compiled_kernel(name)
+
+
+CPU = operators.CPU_IMPLEMENTATIONS
+_KERNEL_DTYPES = operators.KERNEL_DTYPES
+
+
+def making_fake_tensors() -> bool:
+    """Whether fake tensors are being made (``torch.compile``, FakeTensorMode): host tensors
+    then cannot be computed with (ops on them are refused or traced), only made by factories."""
+    if torch.compiler.is_compiling():
+        return True  # first: dynamo cannot trace the dispatch-mode query below
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
