@@ -5,7 +5,7 @@ indexing access (gather with filler), indexing write (scatter), mask -> indices 
 compaction. Compared: the public ``RaggedBatch`` helper a user calls
 (``nestbatch.batched_indexing_access`` and friends, with their default bounds check), the bare
 operator under it (``nestbatch.kernels``: CUDA kernels on GPU, PyTorch implementation on CPU;
-bounds checks off), the vectorized PyTorch reference of ``nestbatch.batched_indexing``, and a
+bounds checks off), the vectorized PyTorch reference of ``nestbatch.compat.batched_indexing``, and a
 per-sample Python loop. The public call and the bare operator are both shown so the host cost
 between them stays visible. Usage::
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nestbatch as nb  # noqa: E402
 from benchmarks.common import add_common_args, median_time, print_table, sync_for  # noqa: E402
 from nestbatch import RaggedBatch, kernels  # noqa: E402
-from nestbatch import batched_indexing as bi  # noqa: E402
+from nestbatch.compat import batched_indexing as bi  # noqa: E402
 
 # (B, N, M, F)
 SIZES = [(8, 256, 128, 32), (64, 1024, 512, 64), (256, 2048, 1024, 64)]

@@ -39,7 +39,7 @@ def main() -> None:
     print("faces per mesh:", faces.lengths.tolist(), "face normals:", tuple(normals.shape))
     print("mean unit normal of the square:", per_mesh[0].tolist())
     print("mean unit normal of the triangle:", per_mesh[2].tolist())
-    padded = faces.to_padded_tensor(nb.index_payloads.INDEX_FILLER)
+    padded = faces.to_padded_tensor(nb.INDEX_FILLER)
     print("padded faces use the filler -1:", padded[2].tolist())
 
 

@@ -7,9 +7,10 @@ sizes, or a list of tensors, and converts lazily (and cached) between them. The 
 
 import torch
 
-from nestbatch import nested_ragged, ops, selection  # noqa: F401  (they plug into NestedBatch)
+from nestbatch import ops  # noqa: F401  (the op registry plugs into NestedBatch)
 from nestbatch.batch import NestedBatch
-from nestbatch.batching_helpers import (
+from nestbatch.compat import nested_ragged  # noqa: F401  (plugs into NestedBatch)
+from nestbatch.compat.batching_helpers import (
     RaggedBatch,
     apply_mask_to_tensor,
     average_over_targets,
@@ -27,16 +28,16 @@ from nestbatch.batching_helpers import (
     squeeze_except_batch_and_sample,
     sum_over_targets,
 )
-from nestbatch.collation import collate, pack
-from nestbatch.factories import as_nested, nested
-from nestbatch.index_payloads import local_indices, packed_indices
-from nestbatch.interop import (
+from nestbatch.compat.collation import collate, pack
+from nestbatch.compat.factories import as_nested, nested
+from nestbatch.compat.torch_formats import (
     from_nested_tensor,
     from_packed_sequence,
     to_nested_tensor,
     to_packed_sequence,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
+from nestbatch.ops.index_payloads import INDEX_FILLER, local_indices, packed_indices
 from nestbatch.ops.interop import accept_nested_batches
 
 __version__ = "0.1.0"
@@ -45,7 +46,7 @@ __version__ = "0.1.0"
 def _allow_weights_only_loading() -> None:
     """Let ``torch.load`` (``weights_only=True``, its default) rebuild saved batches: their
     classes hold only tensors, ints, tuples and devices, and build no code from the file."""
-    from nestbatch.ragged_batch import _SampleLayout
+    from nestbatch.compat.ragged_batch import _SampleLayout
 
     torch.serialization.add_safe_globals(
         [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch, _SampleLayout]
@@ -55,6 +56,7 @@ def _allow_weights_only_loading() -> None:
 _allow_weights_only_loading()
 
 __all__ = [
+    "INDEX_FILLER",
     "Layout",
     "NestedBatch",
     "Packed",

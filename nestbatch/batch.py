@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from nestbatch import convert
-from nestbatch._validation import (
+from nestbatch import conversions as convert
+from nestbatch.checks import (
     HostSizes,
     as_index_tensor,
     as_offsets,
@@ -27,7 +27,7 @@ from nestbatch._validation import (
     host_ints,
     read_device_values,
 )
-from nestbatch.convert.tensorflow import (
+from nestbatch.compat.tensorflow import (
     lengths_without_trailing_padding,
     offsets_from_row_limits,
     offsets_from_row_starts,
@@ -828,7 +828,7 @@ class NestedBatch(TensorMethods):
 
     # ====================================================================== TensorFlow names
     # The names TF users call on a RaggedTensor (the conversions to other formats are functions
-    # of nestbatch.interop). The helpers live in nestbatch.convert.tensorflow.
+    # of nestbatch.compat.torch_formats). The helpers live in nestbatch.compat.tensorflow.
     @classmethod
     def from_row_starts(
         cls, values: Tensor, row_starts: Tensor | Sequence[int], *, validate: bool = True
@@ -877,7 +877,7 @@ class NestedBatch(TensorMethods):
         cls, flat_values: Tensor, nested_row_splits: Sequence[Any], *, validate: bool = True
     ) -> Any:
         """Batch of ragged rank ``len(nested_row_splits)`` (TF's name): an ordinary batch for one
-        level, a :class:`~nestbatch.nested_ragged.NestedRaggedBatch` for more."""
+        level, a :class:`~nestbatch.compat.nested_ragged.NestedRaggedBatch` for more."""
         return _EXTENSIONS["from_nested_row_splits"](flat_values, nested_row_splits,
                                                       validate=validate)
 
@@ -892,7 +892,7 @@ class NestedBatch(TensorMethods):
     @property
     def ragged_rank(self) -> int:
         """1: one level of raggedness (TF; several levels make a
-        :class:`~nestbatch.nested_ragged.NestedRaggedBatch`)."""
+        :class:`~nestbatch.compat.nested_ragged.NestedRaggedBatch`)."""
         self._require_one_level("ragged_rank")
         return 1
 

@@ -4,7 +4,7 @@ nestbatch raises ``ValueError`` / ``TypeError`` / ``IndexError`` with messages t
 argument, the expected and the actual. The reference implementation of the ``RaggedBatch`` API
 checks its arguments with ``assert`` (``AssertionError``) and lets torch's own checks fail
 (``RuntimeError``), so code moving over from it catches those. Every error that
-:mod:`nestbatch.batching_helpers` and :class:`~nestbatch.RaggedBatch` raise for bad input is
+:mod:`nestbatch.compat.batching_helpers` and :class:`~nestbatch.RaggedBatch` raise for bad input is
 therefore one of the classes below: still the clear nestbatch type, and also a ``RuntimeError``
 and an ``AssertionError``.
 

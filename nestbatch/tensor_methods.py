@@ -114,7 +114,7 @@ class TensorMethods:
         )
 
     def __getitem__(self, index: Any) -> Any:
-        """``x[index]``: see :mod:`nestbatch.selection` for the rules."""
+        """``x[index]``: see :mod:`nestbatch.ops.indexing` for the rules."""
         return _call(_GETITEM, self, index)
 
 

@@ -1,6 +1,17 @@
-"""The layering of the package, read from its source: no import cycles, ``kernels/`` a leaf,
-``batch.py`` below the ops, and the upper layers using ``batch.py``'s internal API rather than
-its private attributes. Imports inside functions count as imports."""
+"""The layering of the package, read from its source (imports inside functions count too).
+
+Layers, lowest first; a module imports only modules of its own layer or lower ones, with no
+import cycle, and reads no other module's underscore names:
+
+1. ``kernels/``: the operators and their implementations (a leaf);
+2. ``checks``, ``errors``: argument validation, every message once;
+3. ``layouts/``: the partition (the one holder of ragged sizes) and the layouts over it;
+4. ``conversions/``: between layouts;
+5. ``batch``, ``tensor_methods``: the front object;
+6. ``ops/``: torch functions, indexing and selection (one registry);
+7. the compat wing: ``compat/`` and the documented import paths kept for it (``convert/``,
+   ``batching_helpers``, ``distributed``), then the package itself.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +23,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nestbatch"
 
+#: Module-name prefixes of every layer, lowest first.
+LAYERS = (
+    ("nestbatch.kernels",),
+    ("nestbatch.checks", "nestbatch.errors"),
+    ("nestbatch.layouts",),
+    ("nestbatch.conversions",),
+    ("nestbatch.batch", "nestbatch.tensor_methods"),
+    ("nestbatch.ops",),
+    ("nestbatch.compat", "nestbatch.convert", "nestbatch.batching_helpers",
+     "nestbatch.distributed"),
+    ("nestbatch",),
+)
+
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -19,15 +43,23 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    return {
-        _module_name(p): p for p in PACKAGE.rglob("*.py") if "csrc" not in p.parts
-    }
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "csrc" not in p.parts}
 
 
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The nestbatch modules ``name`` imports, at any depth of its code."""
+def _layer(module: str) -> int:
+    for level, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes) and (
+            module != "nestbatch" or level == len(LAYERS) - 1
+        ):
+            return level
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def _imported(name: str, path: Path, known: set[str]) -> dict[str, set[str]]:
+    """``{module it imports: {names taken from it}}`` for the nestbatch modules ``name``
+    imports, at any depth of its code (an empty set for ``import module``)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
+    found: dict[str, set[str]] = {}
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -37,19 +69,23 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                 target = node.module or ""
             for alias in node.names:
                 candidate = f"{target}.{alias.name}"
-                found.add(candidate if candidate in known else target)
+                if candidate in known:
+                    found.setdefault(candidate, set())
+                else:
+                    found.setdefault(target, set()).add(alias.name)
         elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return {m for m in found if m in known and m != name}
+            for alias in node.names:
+                found.setdefault(alias.name, set())
+    return {m: names for m, names in found.items() if m in known and m != name}
 
 
 @pytest.fixture(scope="module")
-def graph() -> dict[str, set[str]]:
+def imports() -> dict[str, dict[str, set[str]]]:
     modules = _modules()
-    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    return {name: _imported(name, path, set(modules)) for name, path in modules.items()}
 
 
-def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+def _reachable(graph: dict[str, dict[str, set[str]]], start: str) -> set[str]:
     seen, stack = set(), [start]
     while stack:
         for nxt in graph[stack.pop()]:
@@ -59,36 +95,75 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def test_no_import_cycles(graph):
-    cycles = [(a, b) for a in graph for b in graph[a] if a in _reachable(graph, b)]
+def test_every_module_is_in_a_layer(imports):
+    for name in imports:
+        _layer(name)
+
+
+def test_no_import_runs_against_the_layers(imports):
+    upward = [
+        f"{name} ({LAYERS[_layer(name)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
+        for name, deps in imports.items()
+        for dep in deps
+        if _layer(dep) > _layer(name)
+    ]
+    assert upward == []
+
+
+def test_no_import_cycles(imports):
+    cycles = [(a, b) for a in imports for b in imports[a] if a in _reachable(imports, b)]
     assert cycles == []
 
 
-def test_kernels_is_a_leaf(graph):
-    for name, deps in graph.items():
+def test_kernels_is_a_leaf(imports):
+    for name, deps in imports.items():
         if name.startswith("nestbatch.kernels"):
-            outside = {d for d in deps if not d.startswith("nestbatch.kernels")}
-            assert outside == set(), f"{name} imports {outside}"
+            assert {d for d in deps if not d.startswith("nestbatch.kernels")} == set(), name
 
 
-@pytest.mark.parametrize(
-    "upper", ["nestbatch.ops", "nestbatch.selection", "nestbatch.ragged_batch",
-              "nestbatch.batching_helpers"],
-)
-def test_batch_does_not_reach_its_upper_layers(graph, upper):
-    below = _reachable(graph, "nestbatch.batch")
-    assert not any(m == upper or m.startswith(upper + ".") for m in below)
+def test_no_module_imports_another_ones_underscore_names(imports):
+    offenders = [
+        f"{name} imports {dep}.{taken}"
+        for name, deps in imports.items()
+        for dep, names in deps.items()
+        for taken in names
+        if taken.startswith("_") and not taken.startswith("__")
+    ]
+    assert offenders == []
 
 
-def test_upper_layers_use_no_private_attribute_of_a_batch():
-    private = re.compile(r"\b(?!self\b)\w+\._(cache|primary|remember|map_primary|"
-                         r"with_ragged_dim|partition|ragged_dim)\b")
+#: Private attributes of the core objects: read or written only inside their own module.
+_OWNED = {
+    "nestbatch/batch.py": ("_cache", "_primary", "_remember", "_keep", "_map_primary",
+                           "_with_ragged_dim", "_partition", "_ragged_dim"),
+    "nestbatch/layouts/partition.py": ("_max_shape", "_host_shapes", "_shapes", "_device",
+                                       "_lengths_on_host", "_host_lengths_tensor",
+                                       "_has_empty", "_seed"),
+}
+
+
+def test_no_module_reads_another_ones_private_attributes():
     offenders = []
-    for path in [*PACKAGE.glob("ops/*.py"), PACKAGE / "selection.py", PACKAGE / "ragged_batch.py",
-                 PACKAGE / "batching_helpers.py"]:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if private.search(line):
-                offenders.append(f"{path.name}:{number}: {line.strip()}")
+    for owner, names in _OWNED.items():
+        private = re.compile(r"\b(?!self\b|cls\b)\w+\.(" + "|".join(names) + r")\b")
+        for path in PACKAGE.rglob("*.py"):
+            if str(path.relative_to(PACKAGE.parent)) == owner:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if private.search(line):
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+def test_no_module_writes_another_ones_instance_dict():
+    """Caches are built by their own class (``memoized``), never written from outside."""
+    writes = re.compile(r"\b(?!self\b)\w+\.__dict__\[")
+    offenders = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in PACKAGE.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if writes.search(line) and path.name != "memo.py"
+    ]
     assert offenders == []
 
 

@@ -1,4 +1,4 @@
-"""Tests of the tensor-level primitives in ``nestbatch.batched_indexing``."""
+"""Tests of the tensor-level primitives in ``nestbatch.compat.batched_indexing``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nestbatch import batched_indexing as bi
+from nestbatch.compat import batched_indexing as bi
 
 SETTINGS = settings(max_examples=50, deadline=None)
 

@@ -13,7 +13,7 @@ from torch.utils.data._utils.pin_memory import pin_memory
 
 import nestbatch
 from nestbatch import NestedBatch
-from nestbatch.collation import collate, pack
+from nestbatch.compat.collation import collate, pack
 
 Pair = namedtuple("Pair", ["points", "label"])
 

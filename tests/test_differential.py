@@ -1585,7 +1585,7 @@ FAMILIES = {
 } | {
     ("nestbatch.ops.elementwise", "_elementwise"), ("nestbatch.ops.elementwise",
                                                     "_elementwise_inplace"),
-    ("nestbatch.ops.elementwise", "_copy"), ("nestbatch.selection", "_getitem"),
+    ("nestbatch.ops.elementwise", "_copy"), ("nestbatch.ops.indexing", "_getitem"),
     ("nestbatch.ops.shape", "_select"), ("nestbatch.ops.shape", "_unbind"),
     ("nestbatch.ops.comparison", "_equal"), ("nestbatch.ops.comparison", "_allclose"),
 }

@@ -40,10 +40,10 @@ from torch import nn
 
 import nestbatch as nb
 import nestbatch.batching_helpers as helpers
-import nestbatch.convert as convert
+import nestbatch.compat.tensorflow as tensorflow
+import nestbatch.conversions as convert
 import nestbatch.convert.kaolin as kaolin
 import nestbatch.convert.pytorch3d as pytorch3d
-import nestbatch.convert.tensorflow as tensorflow
 from nestbatch import NestedBatch, RaggedBatch
 from nestbatch.ops import registry
 
@@ -209,6 +209,7 @@ KNOWN_PROBLEMS: dict[str, str] = {}
 #: Public names and registered functions not audited here, and why.
 NOT_AUDITED: dict[str, str] = {
     "nb.Layout": "an enum of the layout kinds: no tensor, nothing to launch",
+    "nb.INDEX_FILLER": "a constant (the padded slots of an index batch): nothing to call",
     "RaggedBatch.retain_grad": "needs requires_grad=True, and autograd aborts the process on "
     "fake CUDA tensors with a CPU-only torch",
 }
@@ -1004,8 +1005,6 @@ for _name in ("packed_to_padded", "packed_to_list"):
 for _name in ("list_to_packed", "list_to_padded"):
     audit(f"convert.{_name}", (lambda n: lambda s: (
         lambda p: lambda: getattr(convert, n)(p))(s.batch().tensor_list()))(_name), device=True)
-audit("convert.convert", lambda s: (lambda p: lambda: convert.convert(p, nb.Layout.PADDED))(
-    s.batch().packed()), device=True)
 audit("convert.refill_padding", lambda s: (lambda p: lambda: convert.refill_padding(p, 1.0))(
     s.batch().padded()), device=True)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nestbatch as nb
-from nestbatch import NestedBatch, RaggedBatch, _validation, kernels
+from nestbatch import NestedBatch, RaggedBatch, checks, kernels
 from nestbatch.kernels import torch_impl as reference
 from nestbatch.layouts import RowPartition
 from nestbatch.ops import reductions
@@ -72,7 +72,7 @@ def test_offset_checks_name_the_failure(monkeypatch, host_checked, offsets, max_
     # Short host offsets are checked in Python; the device check (four ops, one read) runs on
     # everything else: force it here with a zero threshold.
     if not host_checked:
-        monkeypatch.setattr(_validation, "_HOST_CHECKED", 0)
+        monkeypatch.setattr(checks, "_HOST_CHECKED", 0)
     with pytest.raises(ValueError, match=message):
         NestedBatch.from_offsets(torch.arange(5.0), torch.tensor(offsets), max_len=max_len)
 
@@ -80,7 +80,7 @@ def test_offset_checks_name_the_failure(monkeypatch, host_checked, offsets, max_
 @pytest.mark.parametrize("host_checked", [True, False])
 def test_valid_offsets_pass_both_checks(monkeypatch, host_checked):
     if not host_checked:
-        monkeypatch.setattr(_validation, "_HOST_CHECKED", 0)
+        monkeypatch.setattr(checks, "_HOST_CHECKED", 0)
     batch = NestedBatch.from_offsets(torch.arange(5.0), torch.tensor([0, 2, 2, 5]), max_len=3)
     assert batch.padded().data.shape == (3, 3)
     assert [s.tolist() for s in batch] == [[0.0, 1.0], [], [2.0, 3.0, 4.0]]

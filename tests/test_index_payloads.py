@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import nestbatch as nb
-from nestbatch.index_payloads import INDEX_FILLER
+from nestbatch.ops.index_payloads import INDEX_FILLER
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 

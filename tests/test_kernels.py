@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nestbatch import batched_indexing as bi
 from nestbatch import kernels
-from nestbatch.convert import packed_padded
+from nestbatch.compat import batched_indexing as bi
+from nestbatch.conversions import packed_padded
 from nestbatch.kernels import operators
 from nestbatch.kernels import torch_impl as reference
 from nestbatch.layouts import RowPartition

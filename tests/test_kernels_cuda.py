@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_kernels import DTYPES, index_case, mask_case, ragged_case, sample_inputs
 
-from nestbatch import batched_indexing as bi
 from nestbatch import kernels
+from nestbatch.compat import batched_indexing as bi
 from nestbatch.kernels import operators
 
 pytestmark = [

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from test_kernels import DTYPES, index_case, mask_case, ragged_case, random_values
 from torch import Tensor
 
-from nestbatch import batched_indexing as bi
+from nestbatch.compat import batched_indexing as bi
 from nestbatch.kernels import operators
 
 pytestmark = pytest.mark.emulation

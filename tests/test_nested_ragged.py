@@ -7,7 +7,7 @@ import torch
 
 import nestbatch as nb
 from nestbatch import NestedBatch
-from nestbatch.nested_ragged import NestedRaggedBatch
+from nestbatch.compat.nested_ragged import NestedRaggedBatch
 
 GUIDE_VALUES = torch.arange(10, 20)
 GUIDE_SPLITS = ([0, 1, 1, 5], [0, 3, 3, 5, 9, 10])

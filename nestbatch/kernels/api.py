@@ -7,8 +7,8 @@ The functions here are the entry points callers use. They validate their argumen
 pure-PyTorch implementation elsewhere. Both paths give identical results.
 
 The indexing functions have the signatures of their counterparts in
-:mod:`nestbatch.batched_indexing` (plus keyword-only extras), so a call site switches by changing
-the module it calls.
+:mod:`nestbatch.compat.batched_indexing` (plus keyword-only extras), so a call site switches by
+changing the module it calls.
 
 Host synchronizations: none in the operators. The wrappers read the device once where the
 result needs it: the bounds check of ``check_bounds=True`` (one flag per call; pass

@@ -1,7 +1,7 @@
 """CPU implementations of the operators: one write per output element, few ops per call.
 
-The pure-PyTorch references (:mod:`nestbatch.convert.packed_padded`,
-:mod:`nestbatch.batched_indexing`) are written for autograd and for every device: they gather
+The pure-PyTorch references (:mod:`nestbatch.conversions.packed_padded`,
+:mod:`nestbatch.compat.batched_indexing`) are written for autograd and for every device: they gather
 through per-slot index tensors or build the output in two passes (``pad_sequence`` fills, then
 copies). On the CPU the conversions can do better:
 

@@ -15,7 +15,7 @@ Conventions shared by all primitives:
 
 * Valid indices must already be non-negative and in range: resolving negative
   indices needs the per-sample valid size of the *indexed* object, which only
-  the caller (``nestbatch.batching_helpers``) knows.  No range checks happen
+  the caller (``nestbatch.compat.batching_helpers``) knows.  No range checks happen
   here, so no host synchronization is introduced (except where the output
   shape depends on data, see :func:`mask_to_indices`).
 * Index and size tensors may be ``int32`` or ``int64``.

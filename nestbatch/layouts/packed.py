@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nestbatch._validation import (
+from nestbatch.checks import (
     check_non_negative,
     check_offsets_on_device,
     check_tensor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nestbatch._validation import check_fits, check_tensor
+from nestbatch.checks import check_fits, check_tensor
 from nestbatch.kernels.torch_impl import sizes_mask
 from nestbatch.layouts.base import RaggedLayout
 from nestbatch.layouts.memo import memoized

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nestbatch._validation import (
+from nestbatch.checks import (
     check_same_feature_shape,
     common_dtype_device,
     normalize_empty_samples,
@@ -34,7 +34,7 @@ class TensorList(RaggedLayout):
     -----
     A sample with no element counts as a zero-size sample whatever its shape, dtype or device
     (``torch.tensor([])`` or ``torch.tensor([[]])`` beside ``(n, 4)`` samples is a ``(0, 4)``
-    sample); see :func:`nestbatch._validation.normalize_empty_samples`.
+    sample); see :func:`nestbatch.checks.normalize_empty_samples`.
 
     Raises
     ------

@@ -76,13 +76,6 @@ def normalize_dim(batch: NestedBatch, dim: int, name: str = "dim") -> int:
     return dim % ndim
 
 
-def logical_dim(batch: NestedBatch, stored: int) -> int:
-    """The logical dim of the batch that is dim ``stored >= 1`` of the packed values."""
-    if batch.num_ragged_dims > 1:
-        return stored + batch.num_ragged_dims
-    return stored if stored < batch.ragged_dim else stored + 1
-
-
 def dim_kind(batch: NestedBatch, dim: int) -> str:
     """``"batch"``, ``"ragged"`` or ``"feature"`` for a normalized ``dim``."""
     return storage_dim(batch, dim)[0]
@@ -136,9 +129,11 @@ def _describe_shapes(partition: RowPartition) -> str:
     return f"shape_per_sample={shapes.tolist()}"
 
 
-def wrap_padded(data: Tensor, partition: RowPartition, ragged_dim: int = 1) -> NestedBatch:
-    """A batch over padded ``data`` (stored order) whose padding holds no particular value."""
-    return NestedBatch(Padded(data, partition=partition, padding_value=None), ragged_dim)
+def wrap_padded(data: Tensor, partition: RowPartition, ragged_dim: int = 1,
+                filler: float | None = None) -> NestedBatch:
+    """A batch over padded ``data`` (stored order) whose padding holds ``filler`` (None: no
+    particular value)."""
+    return NestedBatch(Padded(data, partition=partition, padding_value=filler), ragged_dim)
 
 
 def fill_value_for(dtype: torch.dtype, kind: str) -> float | int | bool:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, stored_layout
-from nestbatch.convert.packed_sequence import TimeMajorOrder
+from nestbatch.conversions.time_major import TimeMajorOrder
 from nestbatch.layouts import Layout
 from nestbatch.ops.registry import register
 

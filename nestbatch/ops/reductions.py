@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, cached_layout, storage_dim
-from nestbatch.layouts import Layout, Padded
+from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
@@ -45,6 +45,7 @@ from nestbatch.ops.common import (
     normalize_dim,
     torch_funcs,
     values_dim,
+    wrap_padded,
 )
 from nestbatch.ops.elementwise import elementwise
 from nestbatch.ops.registry import register
@@ -448,7 +449,7 @@ def softmax(layout: Layout, batch: NestedBatch, dim: int, *, log: bool = False,
     # Padded slots of a non-empty sample come out as exp(-inf) = 0 (log: -inf).
     filler = None if padded.partition.host_has_empty is not False else (
         float("-inf") if log else 0.0)
-    return _wrap_padded_with(out, padded.partition, batch.ragged_dim, filler)
+    return wrap_padded(out, padded.partition, batch.ragged_dim, filler)
 
 
 #: Padded softmax runs when the padded data has at most this many slots per element: it makes
@@ -464,10 +465,6 @@ def _pads_cheaply(batch: NestedBatch) -> bool:
         return False
     slots = partition.batch_size * partition.max_shape[0]
     return slots <= SOFTMAX_PADDING_RATIO * max(partition.total, 1)
-
-
-def _wrap_padded_with(data: Tensor, partition: Any, ragged_dim: int, filler: Any) -> NestedBatch:
-    return NestedBatch(Padded(data, partition=partition, padding_value=filler), ragged_dim)
 
 
 def _segment_softmax(batch: NestedBatch, values: Tensor, log: bool) -> Tensor:

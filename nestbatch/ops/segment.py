@@ -70,11 +70,6 @@ def set_segment_backend(name: str) -> str:
     return previous
 
 
-def segment_backend() -> str:
-    """The backend chosen with :func:`set_segment_backend`."""
-    return _state["backend"]
-
-
 def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     """Reduce the packed rows of every sample.
 

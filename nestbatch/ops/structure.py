@@ -41,8 +41,8 @@ from nestbatch.ops.common import (
     normalize_dim,
     values_dim,
 )
+from nestbatch.ops.indexing import select_samples
 from nestbatch.ops.registry import register
-from nestbatch.selection import select_samples
 
 
 def _as_batches(items: Any, ref: NestedBatch) -> list[NestedBatch]:

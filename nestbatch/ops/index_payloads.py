@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nestbatch._validation import read_device_values
 from nestbatch.batch import NestedBatch
+from nestbatch.checks import read_device_values
 from nestbatch.ops.common import check_same_structure
 
 __all__ = ["INDEX_FILLER", "local_indices", "packed_indices"]

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nestbatch._validation import (
+from nestbatch.batch import NestedBatch, extend
+from nestbatch.checks import (
     as_offsets,
     check_host_offsets,
     check_offsets_on_device,
@@ -27,7 +28,6 @@ from nestbatch._validation import (
     host_ints,
     host_sizes,
 )
-from nestbatch.batch import NestedBatch, extend
 
 __all__ = ["NestedRaggedBatch", "from_nested_row_lengths", "from_nested_row_splits"]
 

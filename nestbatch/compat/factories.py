@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch
-from nestbatch.interop import from_nested_tensor, from_packed_sequence
+from nestbatch.compat.torch_formats import from_nested_tensor, from_packed_sequence
 from nestbatch.layouts import Layout, Packed, TensorList
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nestbatch._validation import read_device_values
 from nestbatch.batch import NestedBatch, cached_layout, sample_of, with_ragged_dim
-from nestbatch.convert.packed_padded import packed_values_to_padded
+from nestbatch.checks import read_device_values
+from nestbatch.conversions.packed_padded import packed_values_to_padded
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 from nestbatch.ops.registry import register
 

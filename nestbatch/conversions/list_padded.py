@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from nestbatch.convert.list_packed import list_to_packed
-from nestbatch.convert.packed_padded import packed_to_padded
+from nestbatch.conversions.list_packed import list_to_packed
+from nestbatch.conversions.packed_padded import packed_to_padded
 from nestbatch.layouts import Padded, TensorList
 
 #: On the CPU, lists of at least this many samples averaging at most

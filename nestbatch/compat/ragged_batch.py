@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .batch import NestedBatch, extend, with_ragged_dim
-from .errors import reference_compatible_class
-from .kernels.torch_impl import fill_padding, sizes_mask
+from nestbatch.batch import NestedBatch, extend, with_ragged_dim
+from nestbatch.errors import reference_compatible_class
+from nestbatch.kernels.torch_impl import fill_padding, sizes_mask
 
 __all__ = ["RaggedBatch"]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from nestbatch._validation import as_index_tensor, check_tensor, host_ints
+from nestbatch.checks import as_index_tensor, check_tensor, host_ints
 
 
 def offsets_from_row_starts(

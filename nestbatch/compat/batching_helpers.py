@@ -1,0 +1,1195 @@
+"""Batched helpers for samples of differing size, compatible with ``accvlab.batching_helpers``.
+
+Code written for ``accvlab.batching_helpers`` works after changing only its
+import to ``nestbatch.compat.batching_helpers``.
+
+Every function normalizes its operands (flattens the batch dims and moves the
+indexed dim to position 1), calls an operator of :mod:`nestbatch.kernels` (a
+CUDA kernel on CUDA tensors; the PyTorch primitives of
+:mod:`nestbatch.compat.batched_indexing` elsewhere), and restores the original layout.
+All functions run on the CPU and on accelerators.
+
+Conventions
+-----------
+* Index tensors are :class:`RaggedBatch` instances of dtype ``int32`` or
+  ``int64`` with shape ``(*batch_shape, max_num_indices)``; index slots at or
+  beyond a sample's size are padding and are never read.
+* Negative indices count from the end of the indexed dim of the sample: from
+  the sample's valid size when the indexed object is a :class:`RaggedBatch`
+  indexed along its non-uniform dim, from the full dim size otherwise.
+* Valid indices are range-checked and raise ``IndexError``. On a device the
+  check reads the smallest and largest index before the result is returned,
+  i.e. it synchronizes with the device. On the host, where the operator
+  indexes only the valid slots through torch's checked indexing, the operator
+  runs first and the check runs only when it raises.
+* Filler (padded) output slots hold the documented filler value (0 by
+  default); their gradients are zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from nestbatch import kernels
+from nestbatch.checks import normalize_empty_samples, read_device_values
+from nestbatch.compat.ragged_batch import (
+    RaggedBatch,
+    from_canonical,
+    to_canonical,
+    with_data_of_sizes,
+    with_sizes,
+)
+from nestbatch.conversions import list_to_padded
+from nestbatch.errors import reference_compatible
+from nestbatch.kernels.torch_impl import sizes_mask
+from nestbatch.layouts import TensorList
+
+__all__ = [
+    "RaggedBatch",
+    "apply_mask_to_tensor",
+    "average_over_targets",
+    "batched_bool_indexing",
+    "batched_bool_indexing_write",
+    "batched_index_mapping",
+    "batched_indexing_access",
+    "batched_indexing_write",
+    "batched_inverse_indexing_access",
+    "combine_data",
+    "get_compact_from_named_tuple",
+    "get_compact_lists",
+    "get_indices_from_mask",
+    "get_mask_from_indices",
+    "squeeze_except_batch_and_sample",
+    "sum_over_targets",
+]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def _require_ragged(value: object, name: str) -> RaggedBatch:
+    if not isinstance(value, RaggedBatch):
+        raise TypeError(f"{name} must be a RaggedBatch, got {_type_name(value)}")
+    return value
+
+
+def _require_data(value: object, name: str) -> Tensor | RaggedBatch:
+    if not isinstance(value, (Tensor, RaggedBatch)):
+        raise TypeError(f"{name} must be a torch.Tensor or RaggedBatch, got {_type_name(value)}")
+    return value
+
+
+def _require_index_batch(indices: object, name: str) -> RaggedBatch:
+    """Index batches: int32/int64 RaggedBatch of shape ``(*batch_shape, max_num_indices)``."""
+    indices = _require_ragged(indices, name)
+    if indices.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must have dtype int32 or int64, got {indices.dtype}")
+    if indices.dim() != indices.num_batch_dims + 1:
+        raise ValueError(
+            f"{name} must have shape (*batch_shape, max_num_indices) with "
+            f"{indices.num_batch_dims} batch dims, "
+            f"got shape {tuple(indices.shape)}"
+        )
+    return indices
+
+
+def _require_bool(value: Tensor | RaggedBatch, name: str) -> None:
+    if value.dtype != torch.bool:
+        raise TypeError(f"{name} must have dtype torch.bool, got {value.dtype}")
+
+
+def _check_device(
+    name: str, value: Tensor | RaggedBatch, ref_name: str, ref: Tensor | RaggedBatch
+) -> None:
+    if value.device != ref.device:
+        raise ValueError(f"{name} is on {value.device} but {ref_name} is on {ref.device}")
+
+
+def _check_same_dtype(
+    name: str, value: Tensor | RaggedBatch, ref_name: str, ref: Tensor | RaggedBatch
+) -> None:
+    if value.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {value.dtype} but {ref_name} has dtype {ref.dtype}")
+
+
+def _check_indexed_dim(dim: int, ndim: int, num_batch_dims: int, name: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{name} must be in [{-ndim}, {ndim}) for {ndim}-dim data, got {dim}")
+    dim %= ndim
+    if dim < num_batch_dims:
+        raise ValueError(f"{name} must not be one of the {num_batch_dims} batch dims, got {dim}")
+    return dim
+
+
+# ---------------------------------------------------------------------- operands
+
+
+class _Operand(NamedTuple):
+    """A data argument normalized to ``(B, N, *rest)`` along its indexed dim."""
+
+    canonical: Tensor
+    bound: Tensor | int  # valid size along the indexed dim, per sample or for all
+    dim: int
+    original: Tensor | RaggedBatch
+
+
+def _operand(
+    data: Tensor | RaggedBatch, name: str, batch_shape: torch.Size, dim: int | None, dim_name: str
+) -> _Operand:
+    """Normalize ``data`` whose leading dims must equal ``batch_shape``.
+
+    ``dim`` is the indexed dim (``None``: the non-uniform dim of a RaggedBatch,
+    ``len(batch_shape)`` for a tensor).
+    """
+    data = _require_data(data, name)
+    nbd = len(batch_shape)
+    ragged = isinstance(data, RaggedBatch)
+    if ragged and data.num_batch_dims != nbd:
+        raise ValueError(f"{name} must have {nbd} batch dims, got {data.num_batch_dims}")
+    shape = data.shape
+    if len(shape) <= nbd:
+        raise ValueError(f"{name} must have more than {nbd} dims, got shape {tuple(shape)}")
+    if shape[:nbd] != batch_shape:  # torch.Size against torch.Size (or tuple): no copies
+        raise ValueError(
+            f"{name} batch shape {tuple(shape[:nbd])} does not match "
+            f"expected {tuple(batch_shape)}"
+        )
+    if dim is None:
+        dim = data.non_uniform_dim if ragged else nbd
+    dim = _check_indexed_dim(dim, len(shape), nbd, dim_name)
+    if ragged and dim == data.non_uniform_dim:
+        tensor, bound = data.tensor, data.sample_sizes.reshape(-1)
+    else:
+        tensor, bound = (data.tensor if ragged else data), shape[dim]
+    return _Operand(to_canonical(tensor, nbd, dim), bound, dim, data)
+
+
+def _wrap_like(
+    operand: _Operand, canonical: Tensor, batch_shape: torch.Size
+) -> Tensor | RaggedBatch:
+    """Restore the layout of ``operand.original`` (tensor or RaggedBatch with its sizes)."""
+    tensor = from_canonical(canonical, batch_shape, operand.dim)
+    if isinstance(operand.original, RaggedBatch):
+        return with_data_of_sizes(operand.original, tensor)
+    return tensor
+
+
+def _check_rest(name: str, operand: _Operand, ref_name: str, ref: _Operand) -> None:
+    if operand.canonical.shape[2:] != ref.canonical.shape[2:]:
+        raise ValueError(
+            f"{name} has shape {tuple(operand.original.shape)} (indexed dim {operand.dim}), "
+            f"which does not match {ref_name} shape {tuple(ref.original.shape)} "
+            f"(indexed dim {ref.dim}) outside the batch and indexed dims"
+        )
+
+
+# ---------------------------------------------------------------------- indices
+
+
+class _RangeCheck(NamedTuple):
+    position: int  # of the index tensor among the operator's arguments
+    indices: Tensor  # (B, M)
+    sizes: Tensor  # (B,) valid slots per sample
+    bound: Tensor | int  # valid range [-bound, bound), per sample or for all
+    name: str
+    target: str
+
+
+def _slot_validity(sizes: Tensor, width: int) -> Tensor:
+    return sizes_mask(sizes, width)
+
+
+def _bound_view(bound: Tensor | int) -> Tensor | int:
+    return bound.unsqueeze(1) if isinstance(bound, Tensor) else bound
+
+
+class _SizeMismatch(NamedTuple):
+    """Two index batches that must pair up slot by slot: ``differs`` flags (per sample) the
+    samples whose sizes differ; their count is read with the bounds check."""
+
+    differs: Tensor
+    source_sizes: Tensor
+    target_sizes: Tensor
+
+    def check(self, count: int) -> None:
+        """Raise when ``count`` samples differ; the message reads both sizes tensors (a sync on
+        a device, on the error path only)."""
+        if count:
+            raise ValueError(
+                f"source_indices and target_indices must have the same sample sizes (their "
+                f"slots pair up), but {count} sample(s) differ: "
+                f"{self.source_sizes.tolist()} vs {self.target_sizes.tolist()}"
+            )
+
+
+def _call_checked(
+    name: str,
+    args: tuple,
+    checks: Sequence[_RangeCheck],
+    check_bounds: bool,
+    mismatch: _SizeMismatch | None = None,
+) -> Any:
+    """``kernels.call(name, *args)`` with the index tensors of ``checks`` (the arguments at
+    their positions) range-checked and negative indices resolved.
+
+    With ``check_bounds``, host calls whose operator checks its own indices
+    (:func:`nestbatch.kernels.call_validating`, every bound an int) run it first and check
+    only if it raises. Otherwise: one ``aminmax`` per index tensor (over every slot, padding
+    included) into one small tensor, then the operator, then one read of those few numbers (a
+    sync). When the compiled CUDA kernels run, the operator is launched before the read,
+    because they never read or write out of bounds whatever the indices: the one sync then
+    waits for the check and the operator together. (Elsewhere the read comes first.)
+    When every slot is in ``[0, bound)`` (the common case) that result is returned. Otherwise
+    the valid slots alone are checked (more reads; padding slots may hold anything), raising
+    ``IndexError`` for the first bad one, and an operator call with the negative indices
+    resolved replaces the first.
+
+    ``mismatch``, when given, is read in the same read and raises ``ValueError`` when nonzero.
+
+    Without ``check_bounds``: no device work but the operator; the indices must be in
+    ``[0, bound)``.
+    """
+    if not check_bounds:
+        return kernels.call(name, *args)
+    if torch.compiler.is_compiling():
+        # A compiled graph cannot read the device to raise: negative indices are resolved
+        # without a read, and an index out of range is not reported (the operators never read
+        # or write out of bounds; validate before compiling where that matters).
+        resolved = [torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices)
+                    for c in checks]
+        return kernels.call(name, *_with_indices(args, checks, resolved))
+    failure = None
+    if _int_bounds(checks):
+        # Where the operator checks every index it reads or writes, and reads a negative one
+        # from the end of the dim or raises, the full check below runs only when it raises.
+        try:
+            out = kernels.call_validating(name, *args)
+        except (IndexError, RuntimeError) as error:
+            failure = error
+        else:
+            if out is not None:
+                if mismatch is not None:
+                    mismatch.check(int(mismatch.differs.sum()))  # host memory: free to read
+                return out
+    stats = _range_stats(checks, None if mismatch is None else mismatch.differs)
+    if not kernels.runs_compiled(args):
+        # The PyTorch implementations may raise (or assert on a GPU) for a bad index: check
+        # first. On the CPU the read costs no sync.
+        resolved = _read_range_check(checks, stats, mismatch)
+        if resolved is None and failure is not None:
+            raise failure  # not an index out of range
+        return kernels.call(name, *(args if resolved is None else
+                                    _with_indices(args, checks, resolved)))
+    out = kernels.call(name, *args)
+    resolved = _read_range_check(checks, stats, mismatch)
+    return out if resolved is None else kernels.call(name, *_with_indices(args, checks, resolved))
+
+
+def _int_bounds(checks: Sequence[_RangeCheck]) -> bool:
+    """Whether every check's bound is one int (a dim's size, not per-sample sizes)."""
+    for check in checks:
+        if type(check.bound) is not int:
+            return False
+    return True
+
+
+def _with_indices(args: tuple, checks: Sequence[_RangeCheck], indices: list[Tensor]) -> tuple:
+    """``args`` with the index tensor of every check replaced by its entry of ``indices``."""
+    replaced = list(args)
+    for check, tensor in zip(checks, indices):
+        replaced[check.position] = tensor
+    return tuple(replaced)
+
+
+def _range_stats(
+    checks: Sequence[_RangeCheck], extra: Tensor | None = None
+) -> Tensor | list[int] | None:
+    """``[min, max(, smallest bound)]`` of every non-empty index tensor, then the number of
+    ``True`` in ``extra`` (a bool tensor) when given, in one device tensor (host tensors: a
+    list of the numbers, read)."""
+    live = [c for c in checks if c.indices.numel()]
+    if not live and extra is None:
+        return None
+    if all(c.indices.is_cpu for c in live) and (extra is None or extra.is_cpu):
+        return _host_range_stats(live, extra)
+    dtypes = {c.indices.dtype for c in live}
+    if len(dtypes) == 1 and not any(isinstance(c.bound, Tensor) for c in live):
+        # Written in place: no op to gather the numbers into one tensor for the read.
+        stats = live[0].indices.new_empty(2 * len(live) + (extra is not None))
+        for i, c in enumerate(live):
+            torch.aminmax(c.indices, out=(stats[2 * i], stats[2 * i + 1]))
+        if extra is not None:
+            torch.sum(extra, dim=0, dtype=stats.dtype, out=stats[-1])
+        return stats
+    parts: list[Tensor] = []
+    for c in live:
+        parts.extend(t.long() for t in torch.aminmax(c.indices))
+        if isinstance(c.bound, Tensor):
+            parts.append(c.bound.amin().long())
+    if extra is not None:
+        parts.append(extra.sum(dtype=torch.int64))
+    return torch.stack(parts)
+
+
+def _host_range_stats(live: Sequence[_RangeCheck], extra: Tensor | None) -> list[int]:
+    """:func:`_range_stats` of host tensors, read as they are computed (no device to wait
+    for: one ``aminmax`` per index tensor, no gathering of the numbers into one tensor)."""
+    stats: list[int] = []
+    for c in live:
+        low, high = torch.aminmax(c.indices)
+        stats += (int(low), int(high))
+        if isinstance(c.bound, Tensor):
+            stats.append(int(c.bound.min()))
+    if extra is not None:
+        stats.append(int(extra.sum()))
+    return stats
+
+
+def _read_range_check(
+    checks: Sequence[_RangeCheck], stats: Tensor | list[int] | None,
+    mismatch: _SizeMismatch | None = None,
+) -> list[Tensor] | None:
+    """Read ``stats`` (one sync; host stats come read) and raise for mismatched sizes or an
+    out-of-range valid slot; the index tensors with negative indices resolved, or ``None``
+    when none was negative."""
+    if stats is None:
+        return None
+    read = stats if isinstance(stats, list) else read_device_values(stats)
+    if mismatch is not None:
+        mismatch.check(read[-1])
+    values = iter(read)
+    negative: set[int] = set()
+    for c in (c for c in checks if c.indices.numel()):
+        low, high = next(values), next(values)
+        bound = next(values) if isinstance(c.bound, Tensor) else c.bound
+        if not (-bound <= low and high < bound):
+            low = _check_valid_slots(c)
+        if low < 0:
+            negative.add(id(c))
+    if not negative:
+        return None
+    return [
+        torch.where(c.indices < 0, c.indices + _bound_view(c.bound), c.indices)
+        if id(c) in negative else c.indices
+        for c in checks
+    ]
+
+
+def _check_valid_slots(check: _RangeCheck) -> int:
+    """Raise ``IndexError`` for the first valid slot out of range; else the smallest valid
+    index. Reads the device (the slow path of :func:`_call_checked`)."""
+    valid = _slot_validity(check.sizes, check.indices.shape[1])
+    bound = _bound_view(check.bound)
+    bad = valid & ((check.indices >= bound) | (check.indices < -bound))
+    if bool(bad.any()):
+        sample, slot = (int(v) for v in bad.nonzero()[0])
+        size = check.bound[sample].item() if isinstance(check.bound, Tensor) else check.bound
+        raise IndexError(
+            f"{check.name}: index {int(check.indices[sample, slot])} "
+            f"(flattened sample {sample}, slot {slot}) "
+            f"is out of range for {check.target} of size {size}"
+        )
+    return int(torch.where(valid, check.indices, 0).min())
+
+
+def _index_slots(indices: RaggedBatch) -> tuple[Tensor, Tensor]:
+    """Flattened ``(indices (B, M), sizes (B,))`` of an index batch."""
+    if indices.num_batch_dims == 1:
+        return indices.tensor, indices.sample_sizes  # already flat: no views to make
+    flat = indices.tensor.reshape(indices.total_num_samples_in_batch, indices.max_sample_size)
+    return flat, indices.sample_sizes.reshape(-1)
+
+
+# ---------------------------------------------------------------------- masks & reductions
+
+
+@reference_compatible
+def apply_mask_to_tensor(data: Tensor, mask: Tensor, value_to_set: float = 0.0) -> Tensor:
+    """Set the entries of ``data`` where ``mask`` is ``False`` to ``value_to_set``.
+
+    Parameters
+    ----------
+    data : Tensor
+        Data of any shape.
+    mask : Tensor
+        Bool tensor whose shape equals the leading ``mask.dim()`` dims of
+        ``data`` (constant over the remaining dims).
+    value_to_set : float
+        Value for masked-out entries. Default 0.
+
+    Returns
+    -------
+    Tensor
+        Like ``data`` (same dtype), with the mask applied.
+    """
+    if not isinstance(data, Tensor):
+        raise TypeError(f"data must be a torch.Tensor, got {_type_name(data)}")
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {_type_name(mask)}")
+    _require_bool(mask, "mask")
+    if mask.dim() > data.dim() or tuple(mask.shape) != tuple(data.shape[: mask.dim()]):
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} must equal the leading dims of "
+            f"data shape {tuple(data.shape)}"
+        )
+    _check_device("mask", mask, "data", data)
+    view = mask.reshape(tuple(mask.shape) + (1,) * (data.dim() - mask.dim()))
+    return data.masked_fill(~view, value_to_set)
+
+
+@reference_compatible
+def sum_over_targets(data: RaggedBatch) -> Tensor:
+    """Per-sample sum over the valid entries along the non-uniform dim.
+
+    Parameters
+    ----------
+    data : RaggedBatch
+        Data to sum.
+
+    Returns
+    -------
+    Tensor
+        ``data.tensor`` with the non-uniform dim reduced away. Zero-size
+        samples give 0.
+    """
+    data = _require_ragged(data, "data")
+    return data.with_padded_set_to(0).tensor.sum(dim=data.non_uniform_dim)
+
+
+@reference_compatible
+def average_over_targets(data: RaggedBatch, nans_to_zero: bool = True) -> Tensor:
+    """Per-sample mean over the valid entries along the non-uniform dim.
+
+    Parameters
+    ----------
+    data : RaggedBatch
+        Data to average. Integer and bool data give a floating point result
+        of the default dtype.
+    nans_to_zero : bool
+        Replace NaNs by 0 after averaging (this covers zero-size samples,
+        whose mean is NaN otherwise). Default True.
+
+    Returns
+    -------
+    Tensor
+        ``data.tensor`` with the non-uniform dim reduced away.
+    """
+    data = _require_ragged(data, "data")
+    total = sum_over_targets(data)
+    if not (total.is_floating_point() or total.is_complex()):
+        total = total.to(torch.get_default_dtype())
+    sizes = data.sample_sizes.reshape(
+        tuple(data.batch_shape) + (1,) * (total.dim() - data.num_batch_dims)
+    )
+    # Dividing by max(size, 1) keeps the gradient finite for zero-size samples.
+    mean = total / sizes.clamp(min=1).to(total.dtype)
+    mean = torch.where(
+        sizes == 0, torch.full((), math.nan, dtype=mean.dtype, device=mean.device), mean
+    )
+    if nans_to_zero:
+        mean = torch.where(
+            torch.isnan(mean), torch.zeros((), dtype=mean.dtype, device=mean.device), mean
+        )
+    return mean
+
+
+@reference_compatible
+def squeeze_except_batch_and_sample(data: Tensor | RaggedBatch) -> Tensor | RaggedBatch:
+    """Squeeze all size-1 dims except the batch dims and the non-uniform dim.
+
+    For tensors, dim 0 is the batch dim and dim 1 the non-uniform dim. For a
+    RaggedBatch, ``non_uniform_dim`` decreases by the number of squeezed dims
+    before it, e.g. shape ``(4, 1, 1, 3, 4)`` with 2 batch dims and
+    ``non_uniform_dim == 3`` becomes ``(4, 1, 3, 4)`` with ``non_uniform_dim == 2``.
+
+    Parameters
+    ----------
+    data : Tensor or RaggedBatch
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        Same type as ``data``.
+    """
+    data = _require_data(data, "data")
+    if isinstance(data, RaggedBatch):
+        keep = set(range(data.num_batch_dims)) | {data.non_uniform_dim}
+    else:
+        keep = {0, 1}
+    squeeze = tuple(d for d in range(data.dim()) if d not in keep and data.shape[d] == 1)
+    tensor = data.tensor if isinstance(data, RaggedBatch) else data
+    squeezed = tensor.squeeze(squeeze) if squeeze else tensor
+    if isinstance(data, RaggedBatch):
+        nud = data.non_uniform_dim - sum(1 for d in squeeze if d < data.non_uniform_dim)
+        return data.create_with_sample_sizes_like_self(squeezed, non_uniform_dim=nud)
+    return squeezed
+
+
+# ---------------------------------------------------------------------- index-based access
+
+
+@reference_compatible
+def batched_indexing_access(
+    input_data: Tensor | RaggedBatch,
+    input_indices: RaggedBatch,
+    filler_value: float = 0.0,
+    dim_to_index_in: int | None = None,
+    *,
+    check_bounds: bool = True,
+) -> RaggedBatch:
+    """Per-sample indexing: ``indexed_vals[i, j] == input_data[i, input_indices[i, j]]``.
+
+    Runs on any device. Range-checks the indices (one host sync, see ``check_bounds``).
+
+    Parameters
+    ----------
+    input_data : Tensor or RaggedBatch
+        Data whose leading dims equal ``input_indices.batch_shape``.
+    input_indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``;
+        duplicates are allowed (their gradients add up).
+    filler_value : float
+        Value of the output filler slots. Default 0.
+    dim_to_index_in : int, optional
+        Dim of ``input_data`` to index; defaults to
+        ``input_indices.non_uniform_dim``. Must not be a batch dim.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
+
+    Returns
+    -------
+    RaggedBatch
+        ``input_data`` with ``dim_to_index_in`` replaced by ``max_num_indices``;
+        this is the non-uniform dim of the result, whose sample sizes are those
+        of ``input_indices`` (shared).
+    """
+    indices = _require_index_batch(input_indices, "input_indices")
+    _require_data(input_data, "input_data")
+    _check_device("input_data", input_data, "input_indices", indices)
+    dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
+    data = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
+    flat, sizes = _index_slots(indices)
+    out = _call_checked(
+        "indexing_access",
+        (data.canonical, flat, sizes, filler_value),
+        [_RangeCheck(1, flat, sizes, data.bound, "input_indices", "input_data")],
+        check_bounds,
+    )
+    tensor = from_canonical(out, indices.batch_shape, data.dim)
+    return with_data_of_sizes(indices, tensor, non_uniform_dim=data.dim)
+
+
+def _check_write_width(name: str, operand: _Operand, width: int) -> None:
+    if operand.canonical.shape[1] != width:
+        raise ValueError(
+            f"{name} has size {operand.canonical.shape[1]} along the indexed dim {operand.dim}, "
+            f"expected max_num_indices={width}"
+        )
+
+
+@reference_compatible
+def batched_indexing_write(
+    to_write: Tensor | RaggedBatch,
+    output_indices: RaggedBatch,
+    to_write_into: Tensor | RaggedBatch,
+    dim_to_index_in: int | None = None,
+    *,
+    check_bounds: bool = True,
+) -> Tensor | RaggedBatch:
+    """Per-sample scatter: ``out[i, output_indices[i, j]] = to_write[i, j]`` for valid ``j``.
+
+    Runs on any device. Range-checks the indices (one host sync, see ``check_bounds``).
+    Valid indices of a sample must be unique (otherwise an unspecified one of
+    the written values wins).
+
+    Parameters
+    ----------
+    to_write : Tensor or RaggedBatch
+        Values ``(*batch_shape, ..., max_num_indices at dim_to_index_in, ...)``.
+    output_indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
+    to_write_into : Tensor or RaggedBatch
+        Data written into (not modified); same dtype and, except along
+        ``dim_to_index_in``, same shape as ``to_write``.
+    dim_to_index_in : int, optional
+        Indexed dim of both data arguments; defaults to
+        ``output_indices.non_uniform_dim``.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        Same type, shape and sample sizes as ``to_write_into``.
+    """
+    indices = _require_index_batch(output_indices, "output_indices")
+    _require_data(to_write, "to_write")
+    _require_data(to_write_into, "to_write_into")
+    _check_device("to_write", to_write, "output_indices", indices)
+    _check_device("to_write_into", to_write_into, "output_indices", indices)
+    _check_same_dtype("to_write", to_write, "to_write_into", to_write_into)
+    dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
+    values = _operand(to_write, "to_write", indices.batch_shape, dim, "dim_to_index_in")
+    into = _operand(to_write_into, "to_write_into", indices.batch_shape, dim, "dim_to_index_in")
+    _check_rest("to_write", values, "to_write_into", into)
+    _check_write_width("to_write", values, indices.max_sample_size)
+    flat, sizes = _index_slots(indices)
+    out = _call_checked(
+        "indexing_write",
+        (values.canonical, flat, sizes, into.canonical),
+        [_RangeCheck(1, flat, sizes, into.bound, "output_indices", "to_write_into")],
+        check_bounds,
+    )
+    return _wrap_like(into, out, indices.batch_shape)
+
+
+@reference_compatible
+def batched_inverse_indexing_access(
+    input_data: Tensor | RaggedBatch,
+    output_indices: RaggedBatch,
+    output_num_targets: int,
+    filler_value: float = 0.0,
+    dim_to_index_in: int | None = None,
+    *,
+    check_bounds: bool = True,
+) -> Tensor:
+    """Scatter into a filler tensor: ``output[i, output_indices[i, j]] == input_data[i, j]``.
+
+    Runs on any device. Range-checks the indices against ``output_num_targets`` (one host
+    sync, see ``check_bounds``). Valid indices of a sample must be
+    unique.
+
+    Parameters
+    ----------
+    input_data : Tensor or RaggedBatch
+        Values ``(*batch_shape, ..., max_num_indices at dim_to_index_in, ...)``.
+    output_indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
+    output_num_targets : int
+        Size of the indexed dim of the output.
+    filler_value : float
+        Value of all positions not written to. Default 0.
+    dim_to_index_in : int, optional
+        Indexed dim; defaults to ``output_indices.non_uniform_dim``.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
+
+    Returns
+    -------
+    Tensor
+        ``input_data`` shape with ``dim_to_index_in`` of size ``output_num_targets``.
+    """
+    indices = _require_index_batch(output_indices, "output_indices")
+    _require_data(input_data, "input_data")
+    _check_device("input_data", input_data, "output_indices", indices)
+    if not isinstance(output_num_targets, int) or output_num_targets < 0:
+        raise ValueError(
+            f"output_num_targets must be a non-negative int, got {output_num_targets!r}"
+        )
+    dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
+    values = _operand(input_data, "input_data", indices.batch_shape, dim, "dim_to_index_in")
+    _check_write_width("input_data", values, indices.max_sample_size)
+    flat, sizes = _index_slots(indices)
+    out = _call_checked(
+        "inverse_indexing_access",
+        (values.canonical, flat, sizes, output_num_targets, filler_value),
+        [_RangeCheck(1, flat, sizes, output_num_targets, "output_indices", "the output")],
+        check_bounds,
+    )
+    return from_canonical(out, indices.batch_shape, values.dim)
+
+
+@reference_compatible
+def batched_index_mapping(
+    source_data: Tensor | RaggedBatch,
+    source_indices: RaggedBatch,
+    target_indices: RaggedBatch,
+    target_data: Tensor | RaggedBatch,
+    *,
+    check_bounds: bool = True,
+) -> Tensor | RaggedBatch:
+    """Per-sample mapping ``target[i, target_indices[i, j]] = source[i, source_indices[i, j]]``.
+
+    The two index batches pair up slot by slot, so they must have the same sample sizes
+    (``ValueError`` otherwise, as in the reference; checked in the same read as the bounds,
+    and skipped with ``check_bounds=False`` unless the sizes are on the host). Both data
+    arguments are indexed along their non-uniform dim (the dim right after the
+    batch dims for tensors). Runs on any device; range-checks the indices (one host sync, see
+    ``check_bounds``). Target indices of a sample must be unique; source
+    indices may repeat (their gradients add up).
+
+    Parameters
+    ----------
+    source_data : Tensor or RaggedBatch
+        ``(*batch_shape, num_entries_input, ...)`` (indexed dim may be moved).
+    source_indices : RaggedBatch
+        ``int32``/``int64`` ``(*batch_shape, max_num_matches)``.
+    target_indices : RaggedBatch
+        ``int32``/``int64`` ``(*batch_shape, max_num_matches)``.
+    target_data : Tensor or RaggedBatch
+        ``(*batch_shape, num_entries_output, ...)``; same dtype as
+        ``source_data`` and same shape outside the indexed dim.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        ``target_data`` (same type and sample sizes) with the mapped values.
+    """
+    src_idx = _require_index_batch(source_indices, "source_indices")
+    tgt_idx = _require_index_batch(target_indices, "target_indices")
+    if tuple(src_idx.batch_shape) != tuple(tgt_idx.batch_shape):
+        raise ValueError(
+            f"source_indices batch shape {tuple(src_idx.batch_shape)} does not match "
+            f"target_indices batch shape {tuple(tgt_idx.batch_shape)}"
+        )
+    for name, value in (("source_data", source_data), ("target_data", target_data)):
+        _require_data(value, name)
+    for name, value in (
+        ("source_indices", src_idx),
+        ("source_data", source_data),
+        ("target_data", target_data),
+    ):
+        _check_device(name, value, "target_indices", tgt_idx)
+    _check_same_dtype("source_data", source_data, "target_data", target_data)
+    batch_shape = tgt_idx.batch_shape
+    source = _operand(source_data, "source_data", batch_shape, None, "non_uniform_dim")
+    target = _operand(target_data, "target_data", batch_shape, None, "non_uniform_dim")
+    _check_rest("source_data", source, "target_data", target)
+    width = min(src_idx.max_sample_size, tgt_idx.max_sample_size)
+    s_flat, s_sizes = _index_slots(src_idx)
+    t_flat, t_sizes = _index_slots(tgt_idx)
+    sizes = s_sizes
+    mismatch = None
+    if src_idx.sample_sizes is not tgt_idx.sample_sizes:
+        mismatch = _SizeMismatch(s_sizes != t_sizes, s_sizes, t_sizes)
+        if not check_bounds and s_sizes.is_cpu:
+            mismatch.check(int(mismatch.differs.sum()))  # host memory: free to read
+    if s_flat.shape[1] != width:
+        s_flat = s_flat[:, :width]
+    if t_flat.shape[1] != width:
+        t_flat = t_flat[:, :width]
+    out = _call_checked(
+        "index_mapping",
+        (source.canonical, s_flat, t_flat, sizes, target.canonical),
+        [
+            _RangeCheck(1, s_flat, sizes, source.bound, "source_indices", "source_data"),
+            _RangeCheck(2, t_flat, sizes, target.bound, "target_indices", "target_data"),
+        ],
+        check_bounds,
+        mismatch,
+    )
+    return _wrap_like(target, out, batch_shape)
+
+
+@reference_compatible
+def get_mask_from_indices(
+    mask_num_targets: int, indices: RaggedBatch, *, check_bounds: bool = True
+) -> Tensor:
+    """Mask with ``mask[i, indices[i, j]] = True`` for the valid ``j``.
+
+    Runs on any device; range-checks the indices against ``mask_num_targets`` (one host sync,
+    see ``check_bounds``).
+
+    Parameters
+    ----------
+    mask_num_targets : int
+        Width of the mask.
+    indices : RaggedBatch
+        ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
+
+    check_bounds : bool, keyword-only
+        Range-check the indices (default): one read of their smallest and largest entries (a
+        sync), ``IndexError`` for an index out of range, negative indices counted from the end.
+        ``False`` skips every check and device read: the indices must then be in
+        ``[0, size)`` (out-of-range ones are skipped by the kernels, never read or written).
+
+    Returns
+    -------
+    Tensor
+        Bool mask ``(*batch_shape, mask_num_targets)``.
+    """
+    indices = _require_index_batch(indices, "indices")
+    if not isinstance(mask_num_targets, int) or mask_num_targets < 0:
+        raise ValueError(f"mask_num_targets must be a non-negative int, got {mask_num_targets!r}")
+    flat, sizes = _index_slots(indices)
+    mask = _call_checked(
+        "indices_to_mask",
+        (flat, sizes, mask_num_targets),
+        [_RangeCheck(0, flat, sizes, mask_num_targets, "indices", "the mask")],
+        check_bounds,
+    )
+    return mask.reshape(tuple(indices.batch_shape) + (mask_num_targets,))
+
+
+# ---------------------------------------------------------------------- mask-based access
+
+
+def _mask_operand(
+    mask: Tensor | RaggedBatch, name: str
+) -> tuple[Tensor, torch.Size, Tensor | None]:
+    """``(mask tensor, batch shape, validity mask or None)`` of a mask argument."""
+    _require_data(mask, name)
+    _require_bool(mask, name)
+    if isinstance(mask, RaggedBatch):
+        if mask.dim() != mask.num_batch_dims + 1:
+            raise ValueError(
+                f"{name} must have shape (*batch_shape, max_sample_size), got {tuple(mask.shape)}"
+            )
+        return mask.tensor, mask.batch_shape, mask.mask
+    if mask.dim() != 2:
+        raise ValueError(
+            f"{name} must have shape (batch_size, num_entries), got {tuple(mask.shape)}"
+        )
+    return mask, mask.shape[:1], None
+
+
+@reference_compatible
+def get_indices_from_mask(mask: Tensor | RaggedBatch) -> RaggedBatch:
+    """Positions of the ``True`` entries of each sample's mask, in increasing order.
+
+    Runs on any device. Needs one host sync, as the output width is the
+    largest ``True`` count.
+
+    Parameters
+    ----------
+    mask : Tensor or RaggedBatch
+        Bool ``(batch_size, num_entries)`` tensor, or a bool RaggedBatch
+        ``(*batch_shape, max_sample_size)`` whose filler entries are ignored.
+
+    Returns
+    -------
+    RaggedBatch
+        ``int64`` indices ``(*batch_shape, max_count)``, filler 0.
+    """
+    tensor, batch_shape, validity = _mask_operand(mask, "mask")
+    if validity is not None:
+        tensor = tensor & validity
+    if len(batch_shape) == 1:
+        indices, counts = kernels.mask_to_indices(tensor)
+        return with_sizes(indices, counts, 1)
+    flat = tensor.reshape(math.prod(batch_shape), tensor.shape[-1])
+    indices, counts = kernels.mask_to_indices(flat)
+    return with_sizes(indices.reshape(tuple(batch_shape) + (indices.shape[1],)),
+                      counts.reshape(batch_shape), len(batch_shape))
+
+
+def _bool_index_operands(
+    data: Tensor | RaggedBatch, data_name: str, mask: Tensor | RaggedBatch, mask_name: str
+) -> tuple[_Operand, Tensor, torch.Size]:
+    """Normalize a (data, mask) pair.
+
+    Returns ``(data operand, effective mask (B, N), batch shape)``.
+
+    The effective mask is ``False`` on every filler entry of either argument.
+    """
+    _require_data(data, data_name)
+    mask_tensor, batch_shape, validity = _mask_operand(mask, mask_name)
+    _check_device(mask_name, mask, data_name, data)
+    both_ragged = isinstance(data, RaggedBatch) and isinstance(mask, RaggedBatch)
+    for name, value in ((data_name, data), (mask_name, mask)):
+        if not both_ragged and isinstance(value, RaggedBatch) and value.num_batch_dims != 1:
+            raise ValueError(
+                f"{name} must have a single batch dim unless both {data_name} and "
+                f"{mask_name} are RaggedBatch "
+                f"instances, got {value.num_batch_dims}"
+            )
+    operand = _operand(data, data_name, batch_shape, None, "non_uniform_dim")
+    num_entries = operand.canonical.shape[1]
+    if mask_tensor.shape[-1] != num_entries:
+        raise ValueError(
+            f"{mask_name} has {mask_tensor.shape[-1]} entries per sample but "
+            f"{data_name} has {num_entries} "
+            f"along its non-uniform dim {operand.dim}"
+        )
+    effective = mask_tensor if mask_tensor.dim() == 2 else \
+        mask_tensor.reshape(math.prod(batch_shape), num_entries)
+    if validity is not None:
+        effective = effective & validity.reshape(effective.shape)
+    if isinstance(operand.bound, Tensor):
+        effective = effective & _slot_validity(operand.bound, num_entries)
+    return operand, effective, batch_shape
+
+
+@reference_compatible
+def batched_bool_indexing(
+    input_data: Tensor | RaggedBatch, input_mask: Tensor | RaggedBatch
+) -> RaggedBatch:
+    """Per-sample boolean indexing along the non-uniform dim, packed to the front.
+
+    Filler entries of RaggedBatch arguments are never selected. With a tensor
+    and a RaggedBatch, a single batch dim is required and the RaggedBatch's
+    sample sizes apply to both; tensors are indexed along dim 1.
+
+    Needs one host sync: the output width is the largest selected count
+    (possibly 0).
+
+    Parameters
+    ----------
+    input_data : Tensor or RaggedBatch
+        ``(*batch_shape, max_sample_size, *data_shape)`` (non-uniform dim may
+        be moved for a RaggedBatch).
+    input_mask : Tensor or RaggedBatch
+        Bool ``(*batch_shape, max_sample_size)``.
+
+    Returns
+    -------
+    RaggedBatch
+        Selected entries with the non-uniform dim of ``input_data``; filler 0.
+    """
+    data, effective, batch_shape = _bool_index_operands(
+        input_data, "input_data", input_mask, "input_mask"
+    )
+    out, counts = kernels.bool_compaction(data.canonical, effective)
+    if len(batch_shape) != 1:
+        counts = counts.reshape(batch_shape)
+    return with_sizes(from_canonical(out, batch_shape, data.dim), counts, data.dim)
+
+
+@reference_compatible
+def batched_bool_indexing_write(
+    to_write: RaggedBatch | Tensor,
+    output_mask: Tensor | RaggedBatch,
+    to_write_into: Tensor | RaggedBatch,
+) -> Tensor | RaggedBatch:
+    """Inverse of :func:`batched_bool_indexing`: the ``k``-th ``True`` entry of a sample's
+    mask receives ``to_write[i, k]``.
+
+    Only ``k < to_write.sample_sizes[i]`` are written; filler entries of
+    RaggedBatch masks/targets are never written. Runs on any device without
+    host synchronization.
+
+    Parameters
+    ----------
+    to_write : RaggedBatch or Tensor
+        Values, indexed along their non-uniform dim (dim right after the batch
+        dims for a tensor, all entries valid).
+    output_mask : Tensor or RaggedBatch
+        Bool ``(*batch_shape, max_sample_size)``.
+    to_write_into : Tensor or RaggedBatch
+        Target, written along its non-uniform dim (dim 1 for a tensor).
+
+    Returns
+    -------
+    Tensor or RaggedBatch
+        Same type, shape and sample sizes as ``to_write_into``.
+    """
+    into, effective, batch_shape = _bool_index_operands(
+        to_write_into, "to_write_into", output_mask, "output_mask"
+    )
+    values = _operand(to_write, "to_write", batch_shape, None, "non_uniform_dim")
+    _check_device("to_write", to_write, "to_write_into", to_write_into)
+    _check_same_dtype("to_write", to_write, "to_write_into", to_write_into)
+    _check_rest("to_write", values, "to_write_into", into)
+    num_values = values.canonical.shape[1]
+    if num_values == 0:
+        return _wrap_like(into, into.canonical.clone(), batch_shape)
+    # Gather formulation (target position -> rank among selected) needs no host sync.
+    rank = torch.cumsum(effective, dim=1) - 1
+    bound = values.bound.unsqueeze(1) if isinstance(values.bound, Tensor) else values.bound
+    selected = effective & (rank < bound)
+    all_slots = torch.full((rank.shape[0],), rank.shape[1], dtype=torch.int64, device=rank.device)
+    gathered = kernels.indexing_access(
+        values.canonical, rank.clamp(0, num_values - 1), all_slots, 0, check_bounds=False
+    )
+    view = selected.reshape(tuple(selected.shape) + (1,) * (gathered.dim() - 2))
+    return _wrap_like(into, torch.where(view, gathered, into.canonical), batch_shape)
+
+
+@reference_compatible
+def get_compact_lists(mask: Tensor, data: Sequence[Tensor | Any]) -> list[RaggedBatch | Any]:
+    """Compact every tensor of ``data`` along dim 1 with ``mask``.
+
+    See :func:`batched_bool_indexing`.
+
+    The indices are computed once (one host sync) and all results share their
+    sample sizes.
+
+    Parameters
+    ----------
+    mask : Tensor
+        Bool ``(dim_size_0, dim_size_1)``.
+    data : sequence
+        Tensors ``(dim_size_0, dim_size_1, ...)``; other elements are passed
+        through unchanged.
+
+    Returns
+    -------
+    list
+        RaggedBatch instances in place of the tensors, other elements unchanged.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {_type_name(mask)}")
+    _require_bool(mask, "mask")
+    if mask.dim() != 2:
+        raise ValueError(f"mask must have shape (dim_size_0, dim_size_1), got {tuple(mask.shape)}")
+    for pos, item in enumerate(data):
+        if isinstance(item, Tensor):
+            if tuple(item.shape[:2]) != tuple(mask.shape):
+                raise ValueError(
+                    f"data[{pos}] has shape {tuple(item.shape)}, "
+                    f"expected leading dims {tuple(mask.shape)}"
+                )
+            _check_device(f"data[{pos}]", item, "mask", mask)
+    indices, counts = kernels.mask_to_indices(mask)
+    layout_source: RaggedBatch | None = None
+    result: list[RaggedBatch | Any] = []
+    for item in data:
+        if not isinstance(item, Tensor):
+            result.append(item)
+            continue
+        out = kernels.indexing_access(item, indices, counts, 0, check_bounds=False)
+        if layout_source is None:
+            layout_source = RaggedBatch(out, sample_sizes=counts)
+            result.append(layout_source)
+        else:
+            result.append(layout_source.create_with_sample_sizes_like_self(out, non_uniform_dim=1))
+    return result
+
+
+@reference_compatible
+def get_compact_from_named_tuple(mask: Tensor, data: NamedTuple) -> NamedTuple:
+    """Like :func:`get_compact_lists`, for a named tuple; returns the same named tuple type."""
+    return type(data)(*get_compact_lists(mask, list(data)))
+
+
+# ---------------------------------------------------------------------- combining
+
+
+def _collect_flat(data: Any, out: list[Tensor], path: str) -> None:
+    if isinstance(data, Tensor):
+        out.append(data)
+    elif isinstance(data, Sequence) and not isinstance(data, str):
+        for pos, item in enumerate(data):
+            _collect_flat(item, out, f"{path}[{pos}]")
+    else:
+        raise TypeError(f"{path} must be a tensor or a sequence, got {_type_name(data)}")
+
+
+def _collect_nested(data: Any, path: str) -> tuple[list[Tensor], tuple[int, ...]]:
+    """Leaves in depth-first order and the (uniform) nesting shape."""
+    if isinstance(data, Tensor):
+        return [data], ()
+    if not isinstance(data, Sequence) or isinstance(data, str):
+        raise TypeError(f"{path} must be a tensor or a sequence, got {_type_name(data)}")
+    parts = [_collect_nested(item, f"{path}[{pos}]") for pos, item in enumerate(data)]
+    shapes = {shape for _, shape in parts}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"{path}: nested sequences must have uniform lengths per level, "
+            f"got shapes {sorted(shapes)}"
+        )
+    sub_shape = shapes.pop() if shapes else ()
+    return [leaf for leaves, _ in parts for leaf in leaves], (len(parts),) + sub_shape
+
+
+def _pad_samples(leaves: list[Tensor], device: torch.device) -> Tensor:
+    """``(B, max_len, *feature)``: the samples zero-padded, on ``device``.
+
+    Padded where the samples are (on a GPU one concatenation and one padding kernel, not a
+    copy per sample), then copied to ``device`` in one piece; samples on several devices are
+    moved first, one by one.
+    """
+    source = leaves[0].device
+    if any(leaf.device != source for leaf in leaves):
+        leaves, source = [leaf.to(device) for leaf in leaves], device
+    data = list_to_padded(TensorList(leaves, 1, device=source), 0.0).data
+    return data.to(device)
+
+
+@reference_compatible
+def combine_data(
+    data_list: Sequence[Sequence | Tensor],
+    other_with_same_sample_sizes: RaggedBatch | None = None,
+    device: torch.device | str | None = None,
+    flatten_batch_dims: bool = True,
+) -> RaggedBatch:
+    """Pad a (nested) sequence of samples into one RaggedBatch.
+
+    Samples are tensors that agree in dtype and in all dims except dim 0,
+    which becomes the non-uniform dim. A sample with no element is a zero-size
+    sample whatever its shape or dtype (``torch.tensor([[]])`` beside ``(n, 4)``
+    boxes is a ``(0, 4)`` sample), as in the reference.
+
+    Parameters
+    ----------
+    data_list : sequence
+        Samples, possibly nested.
+    other_with_same_sample_sizes : RaggedBatch, optional
+        Instance with the same batch shape and sample sizes whose mask and
+        sizes are shared with the result (not checked beyond the shape).
+    device : torch.device or str, optional
+        Device of the result; defaults to the device of the first sample.
+    flatten_batch_dims : bool
+        True: one batch dim, samples in depth-first order. False: every
+        nesting level becomes a batch dim (lengths must be uniform per level).
+
+    Returns
+    -------
+    RaggedBatch
+        ``(*batch_shape, max_size, *sample_shape[1:])`` with the non-uniform
+        dim right after the batch dims. With no samples at all, an empty batch
+        with scalar data (``Empty``) is returned, since the sample shape is
+        unknown.
+    """
+    if isinstance(data_list, Tensor) or not isinstance(data_list, Sequence):
+        raise TypeError(f"data_list must be a sequence of tensors, got {_type_name(data_list)}")
+    if flatten_batch_dims:
+        leaves: list[Tensor] = []
+        _collect_flat(data_list, leaves, "data_list")
+        batch_shape: tuple[int, ...] = (len(leaves),)
+    else:
+        leaves, batch_shape = _collect_nested(data_list, "data_list")
+    if not leaves:
+        return RaggedBatch.Empty(
+            len(batch_shape) + 1, len(batch_shape), device or "cpu", batch_shape=batch_shape
+        )
+    leaves = normalize_empty_samples(leaves, 1)  # [[]] beside (n, 4) boxes: a (0, 4) sample
+    first = leaves[0]
+    device = first.device if device is None else torch.device(device)
+    for pos, leaf in enumerate(leaves):
+        if leaf.dim() < 1 or leaf.shape[1:] != first.shape[1:]:
+            raise ValueError(
+                f"sample {pos} has shape {tuple(leaf.shape)}, "
+                f"expected (*, {', '.join(map(str, first.shape[1:]))})"
+            )
+        if leaf.dtype != first.dtype:
+            raise TypeError(f"sample {pos} has dtype {leaf.dtype}, expected {first.dtype}")
+    padded = _pad_samples(leaves, device)
+    padded = padded.reshape(batch_shape + tuple(padded.shape[1:]))
+    if other_with_same_sample_sizes is not None:
+        return _require_ragged(
+            other_with_same_sample_sizes, "other_with_same_sample_sizes"
+        ).create_with_sample_sizes_like_self(padded, non_uniform_dim=len(batch_shape))
+    sizes = torch.tensor([leaf.shape[0] for leaf in leaves], dtype=torch.int64, device=device)
+    return RaggedBatch(
+        padded, sample_sizes=sizes.reshape(batch_shape), non_uniform_dim=len(batch_shape)
+    )

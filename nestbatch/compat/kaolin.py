@@ -1,0 +1,332 @@
+"""kaolin's batching functions (``kaolin.ops.batch``), same names, arguments and returns.
+
+3D code written against kaolin moves over by changing its import::
+
+    from nestbatch.compat.kaolin import list_to_packed, packed_to_padded, ...
+
+kaolin's convention: the **last dim of every sub-tensor is the element size** (3 for a point,
+``C`` for a pixel) and every dim before it is ragged. ``shape_per_tensor`` ``(B, ndim - 1)`` holds
+the shape of each sub-tensor except its last dim; ``first_idx`` ``(B + 1,)`` the first row of each
+sub-tensor in the packed tensor, then the total. A packed tensor is ``(sum numel_i, last_dim)``
+where ``numel_i`` is the product of ``shape_per_tensor[i]``; a padded one is
+``(B, *max_shape, last_dim)``. Images ragged in both height and width (``(H_i, W_i, C)``) work.
+
+Every function runs on nestbatch's layout conversions (vectorized, differentiable); none of them
+loops over the samples except :func:`packed_to_list` / :func:`padded_to_list`, which return one
+view per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from nestbatch.batch import NestedBatch
+from nestbatch.layouts import Packed, Padded, RowPartition
+
+
+def get_shape_per_tensor(tensor_list: Sequence[Tensor]) -> Tensor:
+    """The shape of every tensor of the list except its last dim.
+
+    Parameters
+    ----------
+    tensor_list : sequence of Tensor
+        Sub-tensors with the same number of dims, e.g. ``[(H_0, W_0, C), (H_1, W_1, C)]``.
+
+    Returns
+    -------
+    Tensor
+        ``(len(tensor_list), ndim - 1)`` int64 (on the CPU, as kaolin).
+
+    Raises
+    ------
+    ValueError
+        If the tensors differ in number of dims.
+    """
+    if len(tensor_list) == 0:
+        return torch.zeros((0, 0), dtype=torch.long)
+    ndim = tensor_list[0].dim()
+    for i, t in enumerate(tensor_list):
+        if t.dim() != ndim:
+            raise ValueError(
+                f"Expected all tensors to have {ndim} dimensions but got {t.dim()} at index {i}"
+            )
+    return torch.tensor([tuple(t.shape[:-1]) for t in tensor_list], dtype=torch.long).reshape(
+        len(tensor_list), ndim - 1
+    )
+
+
+def fill_max_shape(
+    shape_per_tensor: Tensor, partial_max_shape: Sequence[int | None] | Tensor | None = None
+) -> Tensor:
+    """The per-dim maximum of ``shape_per_tensor``, or ``partial_max_shape`` with gaps filled.
+
+    Parameters
+    ----------
+    shape_per_tensor : Tensor
+        ``(B, k)`` integer shapes.
+    partial_max_shape : sequence of int or None, optional
+        ``k`` entries; ``None`` or -1 means "the maximum among the tensors" (kaolin's docs say
+        None, its code takes -1: both work).
+
+    Returns
+    -------
+    Tensor
+        ``(k,)`` int64.
+
+    Notes
+    -----
+    With ``partial_max_shape`` the maxima are read on the host to fill the gaps (a sync if the
+    shapes live on a GPU; kaolin keeps them on the CPU).
+    """
+    shape_per_tensor = torch.as_tensor(shape_per_tensor, dtype=torch.long)
+    largest = shape_per_tensor.amax(0) if shape_per_tensor.shape[0] else shape_per_tensor.new_zeros(
+        shape_per_tensor.shape[1]
+    )
+    if partial_max_shape is None:
+        return largest
+    if isinstance(partial_max_shape, Tensor):
+        partial_max_shape = partial_max_shape.tolist()
+    if len(partial_max_shape) != largest.numel():
+        raise ValueError(
+            f"partial_max_shape must have {largest.numel()} entries (one per dim of "
+            f"shape_per_tensor), got {list(partial_max_shape)}"
+        )
+    filled = [
+        int(big) if size is None or size == -1 else int(size)
+        for size, big in zip(partial_max_shape, largest.tolist())
+    ]
+    return torch.tensor(filled, dtype=torch.long, device=largest.device)
+
+
+def get_first_idx(numel_per_tensor: Tensor) -> Tensor:
+    """First row of every sub-tensor in a packed tensor, then the total: ``(B + 1,)`` int64.
+
+    Example: ``numel_per_tensor = [1024, 1024]`` gives ``[0, 1024, 2048]``.
+    """
+    numel_per_tensor = torch.as_tensor(numel_per_tensor)
+    first_idx = torch.zeros(
+        numel_per_tensor.shape[0] + 1, dtype=torch.long, device=numel_per_tensor.device
+    )
+    torch.cumsum(numel_per_tensor, 0, out=first_idx[1:])
+    return first_idx
+
+
+def list_to_packed(tensor_list: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Pack a list of sub-tensors into ``(sum numel_i, last_dim)``.
+
+    Parameters
+    ----------
+    tensor_list : sequence of Tensor
+        Sub-tensors ``(*shape_i, last_dim)`` with the same ``last_dim``.
+
+    Returns
+    -------
+    packed_tensor : Tensor
+        ``(sum numel_i, last_dim)``, every sub-tensor flattened row-major (one copy).
+    shape_per_tensor : Tensor
+        ``(B, ndim - 1)`` int64.
+    """
+    batch = _batch_from_list(tensor_list)
+    return batch.values, batch.shape_per_sample
+
+
+def list_to_padded(
+    tensor_list: Sequence[Tensor],
+    padding_value: float,
+    max_shape: Sequence[int | None] | Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Pad a list of sub-tensors into ``(B, *max_shape, last_dim)``, with their shapes.
+
+    Parameters
+    ----------
+    tensor_list : sequence of Tensor
+        Sub-tensors ``(*shape_i, last_dim)``.
+    padding_value : float
+        Filler of the padded slots.
+    max_shape : sequence of int or None, optional
+        Size of every dim except batch and last (None / -1: the maximum). Default: the maxima.
+
+    Returns
+    -------
+    padded : Tensor
+        ``(B, *max_shape, last_dim)``.
+    shape_per_tensor : Tensor
+        ``(B, ndim - 1)`` int64, as :func:`get_shape_per_tensor` (kaolin returns both).
+    """
+    batch = _batch_from_list(tensor_list)
+    padded = batch.padded(padding_value, _max_shape_arg(max_shape)).data
+    return padded, batch.shape_per_sample
+
+
+def packed_to_list(
+    packed_tensor: Tensor, shape_per_tensor: Tensor, first_idx: Tensor
+) -> list[Tensor]:
+    """Split a packed tensor into sub-tensors ``(*shape_per_tensor[i], last_dim)`` (views).
+
+    Parameters
+    ----------
+    packed_tensor : Tensor
+        ``(sum numel_i, last_dim)``.
+    shape_per_tensor : Tensor
+        ``(B, k)`` int64.
+    first_idx : Tensor
+        ``(B + 1,)`` int64, from :func:`get_first_idx`.
+
+    Notes
+    -----
+    Reads the shapes on the host (a sync if they live on a device), as every list output does.
+    """
+    batch = _batch_from_packed(packed_tensor, shape_per_tensor, first_idx)
+    return list(batch.unbind())
+
+
+def padded_to_list(padded_tensor: Tensor, shape_per_tensor: Tensor) -> list[Tensor]:
+    """Crop every sub-tensor out of a padded tensor ``(B, *max_shape, last_dim)`` (views).
+
+    Reads the shapes on the host (a sync if they live on a device), as every list output does.
+    """
+    batch = _batch_from_padded(padded_tensor, shape_per_tensor)
+    return list(batch.unbind())
+
+
+def packed_to_padded(
+    packed_tensor: Tensor,
+    shape_per_tensor: Tensor,
+    first_idx: Tensor,
+    padding_value: float,
+    max_shape: Sequence[int | None] | Tensor | None = None,
+) -> Tensor:
+    """Pad a packed tensor into ``(B, *max_shape, last_dim)``.
+
+    Parameters
+    ----------
+    packed_tensor : Tensor
+        ``(sum numel_i, last_dim)``.
+    shape_per_tensor : Tensor
+        ``(B, k)`` int64.
+    first_idx : Tensor
+        ``(B + 1,)`` int64.
+    padding_value : float
+        Filler of the padded slots.
+    max_shape : sequence of int or None, optional
+        Size of every dim except batch and last (None / -1: the maximum).
+
+    Returns
+    -------
+    Tensor
+        ``(B, *max_shape, last_dim)``; one scatter of the rows, differentiable.
+    """
+    batch = _batch_from_packed(packed_tensor, shape_per_tensor, first_idx)
+    return batch.padded(padding_value, _max_shape_arg(max_shape)).data
+
+
+def padded_to_packed(padded_tensor: Tensor, shape_per_tensor: Tensor) -> Tensor:
+    """Gather the valid slots of a padded tensor into ``(sum numel_i, last_dim)``."""
+    return _batch_from_padded(padded_tensor, shape_per_tensor).values
+
+
+def tile_to_packed(values: Tensor, numel_per_tensor: Tensor) -> Tensor:
+    """Repeat ``values[i]`` ``numel_per_tensor[i]`` times, as a packed tensor.
+
+    Parameters
+    ----------
+    values : Tensor
+        ``(B,)`` (kaolin's case) or ``(B, *rest)``.
+    numel_per_tensor : Tensor
+        ``(B,)`` int64: rows of every sub-tensor.
+
+    Returns
+    -------
+    Tensor
+        ``(sum numel_i, 1)`` for ``(B,)`` values, as kaolin (a packed tensor's last dim is its
+        element size); ``(sum numel_i, *rest)`` for ``(B, *rest)`` values.
+
+    Notes
+    -----
+    The output size is the sum of ``numel_per_tensor``: read from the device once when it lives
+    on one (the output shape needs it); counts on the CPU (kaolin's) need no read.
+    """
+    numel_per_tensor = torch.as_tensor(numel_per_tensor)
+    if values.shape[:1] != numel_per_tensor.shape:
+        raise ValueError(
+            f"values must have one entry per tensor ({numel_per_tensor.shape[0]}), got shape "
+            f"{tuple(values.shape)}"
+        )
+    if numel_per_tensor.is_cpu:  # host counts (kaolin's): the output size is known, no sync
+        partition = RowPartition.from_host_lengths(numel_per_tensor.tolist(), values.device)
+    else:
+        partition = RowPartition.from_lengths(numel_per_tensor.to(values.device, torch.long))
+    rows = values[partition.row_ids]
+    return rows.unsqueeze(-1) if values.dim() == 1 else rows
+
+
+def _batch_from_list(tensor_list: Sequence[Tensor]) -> NestedBatch:
+    if len(tensor_list) == 0:
+        raise ValueError("tensor_list must hold at least one tensor (the last dim sets its size)")
+    ndim = tensor_list[0].dim()
+    if ndim < 2:
+        raise ValueError(
+            f"every tensor needs at least 2 dims (*shape, last_dim), got {ndim} at index 0"
+        )
+    get_shape_per_tensor(tensor_list)  # same checks and messages as kaolin
+    return NestedBatch.from_list(tensor_list, num_ragged_dims=ndim - 1)
+
+
+def _batch_from_packed(
+    packed_tensor: Tensor, shape_per_tensor: Tensor, first_idx: Tensor
+) -> NestedBatch:
+    partition = _partition(shape_per_tensor, packed_tensor.device)
+    first_idx = torch.as_tensor(first_idx, dtype=torch.long, device=packed_tensor.device)
+    if first_idx.shape != (partition.batch_size + 1,):
+        raise ValueError(
+            f"first_idx must have shape ({partition.batch_size + 1},) (B + 1), got "
+            f"{tuple(first_idx.shape)}"
+        )
+    # first_idx is the offsets kaolin already computed: reuse it instead of a cumsum.
+    partition.__dict__["offsets"] = first_idx
+    return NestedBatch(Packed(packed_tensor, partition=partition))
+
+
+def _batch_from_padded(padded_tensor: Tensor, shape_per_tensor: Tensor) -> NestedBatch:
+    partition = _partition(shape_per_tensor, padded_tensor.device)
+    return NestedBatch(Padded(padded_tensor, partition=partition))
+
+
+def _partition(shape_per_tensor: Tensor, device: torch.device) -> RowPartition:
+    """The partition of ``shape_per_tensor``: host sizes when it is on the CPU, as kaolin keeps
+    it (then no conversion reads the device), else sizes on the device."""
+    shapes = torch.as_tensor(shape_per_tensor, dtype=torch.long)
+    if shapes.dim() != 2 or shapes.shape[1] < 1:
+        raise ValueError(
+            f"shape_per_tensor must have shape (B, k) with k >= 1, got {tuple(shapes.shape)}"
+        )
+    if not shapes.is_cpu:
+        return RowPartition.from_shapes(shapes.to(device))
+    host = shapes.tolist()  # a host tensor: no sync
+    if any(size < 0 for shape in host for size in shape):
+        raise ValueError(f"shape_per_tensor must be non-negative, got {host}")
+    return RowPartition.from_host_shapes(host, shapes.shape[1], device)
+
+
+def _max_shape_arg(max_shape: Sequence[int | None] | Tensor | None) -> Sequence[int | None] | None:
+    if isinstance(max_shape, Tensor):
+        return max_shape.tolist()
+    return max_shape
+
+
+__all__ = [
+    "fill_max_shape",
+    "get_first_idx",
+    "get_shape_per_tensor",
+    "list_to_packed",
+    "list_to_padded",
+    "packed_to_list",
+    "packed_to_padded",
+    "padded_to_list",
+    "padded_to_packed",
+    "tile_to_packed",
+]
+
