@@ -293,8 +293,7 @@ class NestedBatch(TensorMethods):
         # size (bincount's output size would depend on the largest id: a sync).
         boundaries = torch.arange(num_rows + 1, device=row_ids.device)
         offsets = torch.searchsorted(row_ids, boundaries)
-        partition = RowPartition.from_offsets(offsets, total=values.shape[0])
-        partition.__dict__["row_ids"] = row_ids
+        partition = RowPartition.from_offsets(offsets, total=values.shape[0], row_ids=row_ids)
         return cls(Packed(values, partition=partition))
 
     @classmethod

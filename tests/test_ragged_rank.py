@@ -574,12 +574,12 @@ def test_to_clone_and_detach_keep_the_structure(case):
     assert_matches(detached, samples, rank, feature, torch.float32)
 
 
-# =============================================================================== construction
-#                                                                     from batches: nested / collate
+# ============================================================= from batches: nested / collate
 
 
 def _rank_down(case):
-    """A batch of ``case`` and its samples as batches of rank one less (rank 1 for rank 2)."""
+    """The samples of ``case`` as batches of ragged rank one less (rank 1 for rank 2), built
+    from their own flat values and lengths; with the reference samples, rank and feature."""
     _, samples, rank, feature = make_case(case, torch.float32)
     parts = []
     for sample in samples:
@@ -809,8 +809,9 @@ def test_slicing_every_samples_outermost_rows(case):
 
 @pytest.mark.parametrize(
     ("first", "second"),
-    [("guide", "guide"), ("guide", "empty_samples"), ("rank3", "one_sample_rank3"),
-     ("empty_batch_rank3", "rank3"), ("empty_batch", "empty_batch")],
+    [("guide", "guide"), ("guide", "empty_samples"), ("guide_f3", "empty_batch"),
+     ("rank3", "rank3"), ("one_sample_rank3", "empty_batch_rank3"),
+     ("empty_batch", "empty_batch")],
 )
 def test_cat_along_the_batch(first, second):
     a, a_samples, rank, feature = make_case(first, torch.float32, seed=0)

@@ -278,15 +278,14 @@ def _batch_from_list(tensor_list: Sequence[Tensor]) -> NestedBatch:
 def _batch_from_packed(
     packed_tensor: Tensor, shape_per_tensor: Tensor, first_idx: Tensor
 ) -> NestedBatch:
-    partition = _partition(shape_per_tensor, packed_tensor.device)
     first_idx = torch.as_tensor(first_idx, dtype=torch.long, device=packed_tensor.device)
+    # first_idx is the offsets kaolin already computed: reused instead of a cumsum.
+    partition = _partition(shape_per_tensor, packed_tensor.device, first_idx)
     if first_idx.shape != (partition.batch_size + 1,):
         raise ValueError(
             f"first_idx must have shape ({partition.batch_size + 1},) (B + 1), got "
             f"{tuple(first_idx.shape)}"
         )
-    # first_idx is the offsets kaolin already computed: reuse it instead of a cumsum.
-    partition.__dict__["offsets"] = first_idx
     return NestedBatch(Packed(packed_tensor, partition=partition))
 
 
@@ -295,7 +294,8 @@ def _batch_from_padded(padded_tensor: Tensor, shape_per_tensor: Tensor) -> Neste
     return NestedBatch(Padded(padded_tensor, partition=partition))
 
 
-def _partition(shape_per_tensor: Tensor, device: torch.device) -> RowPartition:
+def _partition(shape_per_tensor: Tensor, device: torch.device,
+               offsets: Tensor | None = None) -> RowPartition:
     """The partition of ``shape_per_tensor``: host sizes when it is on the CPU, as kaolin keeps
     it (then no conversion reads the device), else sizes on the device."""
     shapes = torch.as_tensor(shape_per_tensor, dtype=torch.long)
@@ -304,11 +304,11 @@ def _partition(shape_per_tensor: Tensor, device: torch.device) -> RowPartition:
             f"shape_per_tensor must have shape (B, k) with k >= 1, got {tuple(shapes.shape)}"
         )
     if not shapes.is_cpu:
-        return RowPartition.from_shapes(shapes.to(device))
+        return RowPartition.from_shapes(shapes.to(device), offsets=offsets)
     host = shapes.tolist()  # a host tensor: no sync
     if any(size < 0 for shape in host for size in shape):
         raise ValueError(f"shape_per_tensor must be non-negative, got {host}")
-    return RowPartition.from_host_shapes(host, shapes.shape[1], device)
+    return RowPartition.from_host_shapes(host, shapes.shape[1], device, offsets=offsets)
 
 
 def _max_shape_arg(max_shape: Sequence[int | None] | Tensor | None) -> Sequence[int | None] | None:

@@ -69,7 +69,7 @@ class RaggedLayout:
     #: Element dtype.
     dtype: torch.dtype
     #: Whether a stored tensor is the output of an op autograd recorded (has a ``grad_fn``): such
-    #: a layout is not cached on its batch (see :meth:`nestbatch.NestedBatch._keep`).
+    #: a layout is not cached on its batch (see :meth:`nestbatch.NestedBatch.packed`).
     recorded_by_autograd: bool
 
     @property

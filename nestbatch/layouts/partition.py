@@ -35,7 +35,16 @@ from nestbatch.layouts.memo import memoized
 
 
 class RowPartition:
-    """Per-sample ragged shapes of a batch, with lazily derived, cached metadata.
+    """Per-sample ragged sizes of a batch, with lazily derived, cached metadata.
+
+    The sizes come from one source, handed to a constructor: host lengths or shapes (Python ints,
+    or a CPU tensor: no synchronization ever needed), device offsets (one ragged dim), device
+    shapes ``(B, k)`` (:meth:`from_shapes`, ``RowPartition(shape_per_sample)``), or, for a batch
+    of ragged rank ``r >= 2``, a chain of ``r`` one-level partitions (:meth:`nested`). Everything
+    else (lengths, offsets, row ids, the mask, the maximum, ...) is a named cache derived from the
+    source on first use, or handed over by the constructor when the caller already has it. What
+    the host knows without reading the device says :attr:`knows_host_shapes`,
+    :attr:`knows_max_shape`, :attr:`knows_total` and :attr:`host_has_empty`.
 
     Parameters
     ----------
@@ -63,10 +72,8 @@ class RowPartition:
         if shape_per_sample is None:
             if host_shapes is None or device is None:
                 raise ValueError("a partition needs shape_per_sample, or host_shapes and device")
-            self._shapes = None
-            self._device = device if type(device) is torch.device else torch.device(device)
-            self._num_ragged_dims = len(host_shapes[0]) if host_shapes else 1
-            self._batch_size = len(host_shapes)
+            self._init(len(host_shapes), len(host_shapes[0]) if host_shapes else 1, device,
+                       max_shape)
         else:
             if shape_per_sample.dim() != 2:
                 raise ValueError(
@@ -74,30 +81,62 @@ class RowPartition:
                 )
             if shape_per_sample.shape[1] < 1:
                 raise ValueError("a batch needs at least one ragged dim (k >= 1)")
+            batch_size, k = shape_per_sample.shape
+            self._init(batch_size, k, shape_per_sample.device, max_shape)
             self._shapes = shape_per_sample.to(torch.int64)
-            self._device = shape_per_sample.device
-            self._batch_size, self._num_ragged_dims = shape_per_sample.shape
-        self._host_shapes = host_shapes
+        if host_shapes is not None:
+            self._host_shapes = host_shapes
+            self._sizes_on_host = True
+
+    def _init(self, batch_size: int, num_ragged_dims: int, device: torch.device | str,
+              max_shape: tuple[int, ...] | None = None) -> None:
+        """Every field, in one place; the constructors fill in what they know next."""
+        self._batch_size = batch_size
+        self._num_ragged_dims = num_ragged_dims
+        self._device = device if type(device) is torch.device else torch.device(device)
+        self._shapes: Tensor | None = None  # (B, k) on the device: given, or made on first use
+        self._host_shapes: tuple | None = None  # the shapes on the host: given, or read once
+        self._host_lengths_tensor: Tensor | None = None  # host lengths held in a CPU tensor
+        # A flag, not a test of the caches: under torch.compile a membership test realizes the
+        # whole ``__dict__`` and guards on its tuples' lengths.
+        self._sizes_on_host = False
         self._max_shape = max_shape
-        # A flag, not a test of ``self._lengths_on_host``: under torch.compile a
-        # membership test realizes the whole ``__dict__`` and guards on its tuples' lengths.
-        self._lengths_on_host = False
-        self._host_lengths_tensor: Tensor | None = None  # the host lengths read into C, if so
         self._has_empty: bool | None = None  # see host_has_empty
+        self._levels: tuple[RowPartition, ...] | None = None  # see nested
+
+    @classmethod
+    def _blank(cls, batch_size: int, num_ragged_dims: int, device: torch.device | str,
+               max_shape: tuple[int, ...] | None = None) -> RowPartition:
+        """A partition whose constructor records its sizes next (without ``__init__``'s checks:
+        the hot path of every batch made from lengths or offsets)."""
+        partition = cls.__new__(cls)
+        partition._init(batch_size, num_ragged_dims, device, max_shape)
+        return partition
+
+    def _seed(self, **caches: object) -> None:
+        """Hand the memoized caches of these names values the constructor already has (the one
+        place that fills them other than their own first use)."""
+        self.__dict__.update(caches)
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
     def from_host_shapes(
-        cls, shapes: Sequence[Sequence[int]], num_ragged_dims: int, device: torch.device
+        cls, shapes: Sequence[Sequence[int]], num_ragged_dims: int, device: torch.device, *,
+        offsets: Tensor | None = None,
     ) -> RowPartition:
         """Partition from ragged shapes known on the host (no synchronization ever needed).
 
         No device tensor is made here: the device metadata is copied from the host sizes on
         first use (one small host-to-device copy per kind of metadata, then cached).
+        ``offsets``: the same sizes' offsets on the device, when the caller has them (kaolin's
+        ``first_idx``).
         """
         host = tuple(tuple(map(int, shape)) for shape in shapes)
-        partition = cls(None, host_shapes=host, device=device)
-        partition._num_ragged_dims = int(num_ragged_dims)
+        partition = cls._blank(len(host), int(num_ragged_dims), device)
+        partition._host_shapes = host
+        partition._sizes_on_host = True
+        if offsets is not None:
+            partition._seed(offsets=offsets)
         return partition
 
     @classmethod
@@ -124,24 +163,22 @@ class RowPartition:
         graph per batch size). ``as_tensor``: the lengths already read into an int64 host
         tensor, when a caller has one (the offsets are summed from it).
         """
-        partition = cls._one_ragged_dim(device, len(lengths), max_len)
-        partition._lengths_on_host = True
+        lengths = tuple(lengths)
+        partition = cls._blank(len(lengths), 1, device, None if max_len is None else (max_len,))
+        partition._sizes_on_host = True
         partition._host_lengths_tensor = as_tensor
-        known = partition.__dict__
-        known["host_lengths"] = lengths = tuple(lengths)
+        partition._seed(host_lengths=lengths)
         if total is not None:
-            known["total"] = total
-        if max_len is not None:
-            known["max_shape"] = partition._max_shape
+            partition._seed(total=total)
         if traceable:
             if len(lengths) <= _FEW_SIZES and not making_fake_tensors():
                 # _host_offsets' case of few sizes, inline (every small batch takes it), with
                 # the host offsets kept.
-                known["host_offsets"] = host = (0, *itertools.accumulate(lengths))
+                host = (0, *itertools.accumulate(lengths))
                 host_tensor = torch.frombuffer(array.array("q", host), dtype=torch.int64)
-                known["offsets"] = partition._to_device(host_tensor)
+                partition._seed(host_offsets=host, offsets=partition._to_device(host_tensor))
             else:
-                known["offsets"] = partition._host_offsets(torch.int64)
+                partition._seed(offsets=partition._host_offsets(torch.int64))
         return partition
 
     @classmethod
@@ -153,8 +190,9 @@ class RowPartition:
         offsets are derived from it on first use, at C speed (thousands of samples cost a few
         microseconds instead of a list of Python ints). Not checked: the caller vouches for the
         lengths (non-negative; ``max_len``, when given, the largest)."""
-        partition = cls._one_ragged_dim(device, lengths.shape[0], max_len)
-        partition._lengths_on_host = True
+        partition = cls._blank(lengths.shape[0], 1, device,
+                               None if max_len is None else (max_len,))
+        partition._sizes_on_host = True
         partition._host_lengths_tensor = lengths
         return partition
 
@@ -181,45 +219,52 @@ class RowPartition:
 
     @classmethod
     def from_offsets(
-        cls, offsets: Tensor, *, max_len: int | None = None, total: int | None = None
+        cls, offsets: Tensor, *, max_len: int | None = None, total: int | None = None,
+        row_ids: Tensor | None = None,
     ) -> RowPartition:
         """Partition of a batch with one ragged dim, from its offsets ``(B + 1,)`` (int32 or
-        int64; kept as given). The lengths are derived on first use."""
+        int64; kept as given). The lengths are derived on first use; ``row_ids``: the sample of
+        every row, when the caller has them (TF's ``value_rowids``)."""
         max_len = None if max_len is None else _size(max_len)
-        partition = cls._one_ragged_dim(offsets.device, offsets.shape[0] - 1, max_len)
-        partition.__dict__["offsets"] = offsets
+        partition = cls._blank(offsets.shape[0] - 1, 1, offsets.device,
+                               None if max_len is None else (max_len,))
+        partition._seed(offsets=offsets)
         if total is not None:
-            partition.__dict__["total"] = int(total)
-        return partition
-
-    @classmethod
-    def _one_ragged_dim(
-        cls, device: torch.device, batch_size: int, max_len: int | None
-    ) -> RowPartition:
-        """A partition of ``batch_size`` samples with one ragged dim whose sizes the caller
-        records next (host lengths or device offsets), every field set as ``__init__`` would.
-
-        Built without ``__init__``'s checks: the hot path of every batch made from lengths or
-        offsets (at B=4 the layers cost more than aten's conversion kernel).
-        """
-        partition = cls.__new__(cls)
-        partition._shapes = None
-        partition._device = device if type(device) is torch.device else torch.device(device)
-        partition._num_ragged_dims = 1
-        partition._batch_size = batch_size
-        partition._host_shapes = None  # derived from the lengths or offsets when asked for
-        partition._max_shape = None if max_len is None else (max_len,)
-        partition._lengths_on_host = False
-        partition._host_lengths_tensor = None
-        partition._has_empty = None
+            partition._seed(total=int(total))
+        if row_ids is not None:
+            partition._seed(row_ids=row_ids)
         return partition
 
     @classmethod
     def from_shapes(
-        cls, shape_per_sample: Tensor, *, max_shape: Sequence[int] | None = None
+        cls, shape_per_sample: Tensor, *, max_shape: Sequence[int] | None = None,
+        offsets: Tensor | None = None,
     ) -> RowPartition:
-        """Partition from per-sample ragged shapes ``(B, k)`` held on the device."""
-        return cls(shape_per_sample, max_shape=None if max_shape is None else tuple(max_shape))
+        """Partition from per-sample ragged shapes ``(B, k)`` held on the device; ``offsets``:
+        their offsets, when the caller has them (kaolin's ``first_idx``)."""
+        partition = cls(shape_per_sample, max_shape=None if max_shape is None else tuple(max_shape))
+        if offsets is not None:
+            partition._seed(offsets=offsets)
+        return partition
+
+    @classmethod
+    def nested(cls, levels: Sequence[RowPartition]) -> RowPartition:
+        """The partition of a batch of ragged rank ``r = len(levels) >= 2`` (TF's nested row
+        partitions; documents of sentences of words).
+
+        Level 1 partitions the samples into rows, level ``j`` the rows of level ``j - 1`` into
+        rows (every level one ragged dim), the last one the rows of the packed values. The
+        batch's own sizes (:attr:`lengths`, :attr:`offsets`, :attr:`row_ids`) are those of the
+        values: every sample's innermost rows, back to back. :attr:`max_shape` holds every
+        level's longest row, :attr:`ragged_index` the position of every value at every level.
+        """
+        levels = tuple(levels)
+        if len(levels) < 2 or any(level.num_ragged_dims != 1 for level in levels):
+            raise ValueError("a nested partition chains two or more one-ragged-dim partitions")
+        partition = cls._blank(levels[0].batch_size, len(levels), levels[0].device)
+        partition._levels = levels
+        partition._sizes_on_host = all(level.knows_host_shapes for level in levels)
+        return partition
 
     # ------------------------------------------------------------------------------- basic facts
     @property
@@ -229,8 +274,20 @@ class RowPartition:
 
     @property
     def num_ragged_dims(self) -> int:
-        """Number of ragged dims ``k``."""
+        """Number of ragged dims ``k`` (for nested raggedness, the ragged rank)."""
         return self._num_ragged_dims
+
+    @property
+    def ragged_rank(self) -> int:
+        """The number of nested levels (TF's ``ragged_rank``): 1 unless :attr:`levels` has more
+        (a batch of rectangular samples ragged in ``k`` dims has one level)."""
+        return 1 if self._levels is None else len(self._levels)
+
+    @property
+    def levels(self) -> tuple[RowPartition, ...]:
+        """The one-ragged-dim partitions of every level, outermost first (``(self,)`` unless
+        nested)."""
+        return (self,) if self._levels is None else self._levels
 
     @property
     def device(self) -> torch.device:
@@ -240,8 +297,15 @@ class RowPartition:
     @property
     def shape_per_sample(self) -> Tensor:
         """``(B, k)`` int64: the ragged shape of every sample (made on first use, then cached:
-        a copy of the host sizes, or a view of :attr:`lengths` for one ragged dim)."""
+        a copy of the host sizes, or a view of :attr:`lengths` for one ragged dim).
+
+        Raises
+        ------
+        ValueError
+            For nested raggedness: a sample's rows differ in length, it has no one shape.
+        """
         if self._shapes is None:
+            self._require_rectangular("shape_per_sample")
             if self.num_ragged_dims == 1:
                 self._shapes = self.lengths.view(-1, 1)
             else:
@@ -250,6 +314,13 @@ class RowPartition:
                     self.batch_size, self.num_ragged_dims
                 )
         return self._shapes
+
+    def _require_rectangular(self, what: str) -> None:
+        if self._levels is not None:
+            raise ValueError(
+                f"{what}: a batch of ragged rank {len(self._levels)} has rows of different "
+                "lengths inside a sample, so no per-sample shape; see the partition's levels"
+            )
 
     def _host_tensor(self, values: Sequence, dtype: torch.dtype = torch.int64, *,
                      fake: bool | None = None) -> Tensor:
@@ -278,36 +349,61 @@ class RowPartition:
             return host
         if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             host = host.pin_memory()
-            self.__dict__.setdefault("_pinned_for_graphs", []).append(host)
+            self._seed(_pinned_for_graphs=[*self.__dict__.get("_pinned_for_graphs", ()), host])
         return host.to(self._device, non_blocking=True)
 
     @property
     def knows_host_shapes(self) -> bool:
-        """Whether the per-sample shapes are known on the host (no sync needed to read them)."""
-        return self._host_shapes is not None or self._lengths_on_host
+        """Whether the per-sample sizes are known on the host (no sync needed to read them)."""
+        return self._sizes_on_host
+
+    @property
+    def cached_max_shape(self) -> tuple[int, ...] | None:
+        """:attr:`max_shape` when it is already known (given, or computed before), else None:
+        reading this never computes it."""
+        return self._max_shape
+
+    @property
+    def knows_max_shape(self) -> bool:
+        """Whether :attr:`max_shape` is known on the host (no sync needed to read it)."""
+        return self._max_shape is not None or self._sizes_on_host
 
     # ---------------------------------------------------------------------- derived, on the host
-    @memoized
+    @property
     def host_shapes(self) -> tuple[tuple[int, ...], ...]:
         """Per-sample ragged shapes on the host.
 
         Synchronizes with the device once when the shapes were only known there.
         """
         if self._host_shapes is None:
-            if self._lengths_on_host and self.num_ragged_dims == 1:
-                self._host_shapes = tuple(zip(self.host_lengths))
+            self._require_rectangular("host_shapes")
+            if self._sizes_on_host and self.num_ragged_dims == 1:
+                shapes = tuple(zip(self.host_lengths))
             else:
-                self._host_shapes = tuple(tuple(row) for row in self.shape_per_sample.tolist())
+                shapes = tuple(tuple(row) for row in self.shape_per_sample.tolist())
+            if torch.compiler.is_compiling():
+                return shapes  # (a traced graph keeps no state on the partition)
+            self._host_shapes, self._sizes_on_host = shapes, True
         return self._host_shapes
 
     @memoized
     def host_lengths(self) -> tuple[int, ...]:
         """Number of packed rows of every sample, on the host (may synchronize once)."""
+        if self._levels is not None:
+            return tuple(self._nested_host_lengths())
         if self._host_shapes is None and self._host_lengths_tensor is not None:
             return tuple(self._host_lengths_tensor.tolist())  # a host tensor: no sync
         if self._num_ragged_dims == 1:
             return tuple(shape[0] for shape in self.host_shapes)
         return tuple(math.prod(shape) for shape in self.host_shapes)
+
+    def _nested_host_lengths(self) -> list[int]:
+        # Every sample's values: the rows of each level summed up per sample, level by level.
+        counts = list(self._levels[-1].host_lengths)
+        for level in reversed(self._levels[:-1]):
+            offsets = level.host_offsets
+            counts = [sum(counts[a:b]) for a, b in zip(offsets, offsets[1:])]
+        return counts
 
     def clamped(self, stop: int) -> RowPartition:
         """The partition of ``x[:, :stop]`` for one ragged dim whose lengths the host knows:
@@ -326,16 +422,25 @@ class RowPartition:
         """Start of every sample in the packed rows, then the total, on the host (may sync once)."""
         return (0, *itertools.accumulate(self.host_lengths))
 
-    @memoized
+    @property
     def max_shape(self) -> tuple[int, ...]:
-        """Per-dim maximum of the ragged shapes (0 for an empty batch), on the host.
+        """Per-dim maximum of the ragged shapes (0 for an empty batch), on the host; for nested
+        raggedness, every level's longest row.
 
         Synchronizes with the device once when neither the shapes nor their maximum are known on
         the host.
         """
-        if self._max_shape is not None:
-            return self._max_shape
-        if self._lengths_on_host and self.num_ragged_dims == 1:
+        if self._max_shape is None:
+            value = self._find_max_shape()
+            if torch.compiler.is_compiling():
+                return value  # (a traced graph keeps no state on the partition)
+            self._max_shape = value
+        return self._max_shape
+
+    def _find_max_shape(self) -> tuple[int, ...]:
+        if self._levels is not None:
+            return tuple(level.max_shape[0] for level in self._levels)
+        if self._sizes_on_host and self.num_ragged_dims == 1 and self._host_shapes is None:
             read = self._host_lengths_tensor  # a host tensor, when there is one: no sync
             if read is not None:
                 return (int(read.max()) if read.numel() else 0,)
@@ -349,6 +454,8 @@ class RowPartition:
     @memoized
     def total(self) -> int:
         """Total number of packed rows, on the host (may synchronize once)."""
+        if self._levels is not None:
+            return self._levels[-1].total
         if self.knows_host_shapes:
             if self._host_lengths_tensor is not None:
                 return int(self._host_lengths_tensor.sum())  # a host tensor: no sync
@@ -358,6 +465,8 @@ class RowPartition:
     @property
     def knows_total(self) -> bool:
         """Whether :attr:`total` is known on the host (no sync needed to read it)."""
+        if self._levels is not None:
+            return self._levels[-1].knows_total
         return self.knows_host_shapes or "total" in self.__dict__
 
     @property
@@ -378,7 +487,8 @@ class RowPartition:
     @memoized
     def lengths(self) -> Tensor:
         """``(B,)`` int64: packed rows per sample, the product of each ragged shape."""
-        if "offsets" in self.__dict__ or (self._shapes is None and self.num_ragged_dims == 1):
+        if "offsets" in self.__dict__ or (self._shapes is None and (
+                self.num_ragged_dims == 1 or self._levels is not None)):
             return self.offsets.diff().to(torch.int64)
         if self.num_ragged_dims == 1:
             return self._shapes[:, 0]
@@ -390,6 +500,12 @@ class RowPartition:
         sample in the packed rows, then the total."""
         if self.knows_host_shapes:
             return self._host_offsets(torch.int64)
+        if self._levels is not None:
+            # Every level's offsets index the next level's: composed, they index the values.
+            offsets = self._levels[0].offsets
+            for level in self._levels[1:]:
+                offsets = level.offsets[offsets]
+            return offsets
         offsets = self.lengths.new_empty(self.batch_size + 1)
         offsets[:1] = 0
         torch.cumsum(self.lengths, 0, out=offsets[1:])
@@ -438,10 +554,17 @@ class RowPartition:
         """``k`` tensors ``(total,)``: the multi-index of every packed row in its sample's shape.
 
         The packed rows of a sample are its ragged dims flattened in row-major order, so the
-        multi-index is the unravelled position.
+        multi-index is the unravelled position. For nested raggedness: the position of every
+        value in its row at every level, outermost first.
         """
         if self.num_ragged_dims == 1:
             return (self.positions,)
+        if self._levels is not None:
+            index, row = [], None
+            for level in reversed(self._levels):
+                index.append(level.positions if row is None else level.positions[row])
+                row = level.row_ids if row is None else level.row_ids[row]
+            return tuple(reversed(index))
         rest = self.positions
         shapes = self.shape_per_sample[self.row_ids]
         index = []
@@ -453,7 +576,8 @@ class RowPartition:
         return tuple(reversed(index))
 
     def mask(self, padded_shape: Sequence[int] | None = None) -> Tensor:
-        """``(B, *padded_shape)`` bool: True where a padded slot holds a sample's element.
+        """``(B, *padded_shape)`` bool: True where a padded slot holds a sample's element (for
+        nested raggedness: where it holds a value, every level's row long enough).
 
         Parameters
         ----------
@@ -461,6 +585,8 @@ class RowPartition:
             Size of every ragged dim of the padded data; defaults to :attr:`max_shape`.
         """
         padded_shape = self.max_shape if padded_shape is None else tuple(padded_shape)
+        if self._levels is not None:
+            return self._nested_mask(padded_shape)
         k = self.num_ragged_dims
         mask = None
         for d, size in enumerate(padded_shape):
@@ -470,9 +596,26 @@ class RowPartition:
             mask = in_range if mask is None else mask & in_range
         return mask.expand(self.batch_size, *padded_shape)
 
+    def _nested_mask(self, padded_shape: tuple[int, ...]) -> Tensor:
+        # Level by level: a slot holds a row when its parent does and the parent row is long
+        # enough; ``row`` is the row of the level every slot stands for.
+        first = self._levels[0]
+        width = padded_shape[0]
+        mask = sizes_mask(first.lengths, width)
+        row = first.offsets[:-1, None] + torch.arange(width, device=self._device)
+        for level, width in zip(self._levels[1:], padded_shape[1:]):
+            if level.batch_size == 0:
+                return mask.new_zeros((*mask.shape, *padded_shape[mask.dim() - 1:]))
+            row = row.clamp(max=level.batch_size - 1)
+            inside = sizes_mask(level.lengths[row].reshape(-1), width).view(*row.shape, width)
+            mask = mask.unsqueeze(-1) & inside
+            row = level.offsets[:-1][row].unsqueeze(-1) + torch.arange(width, device=self._device)
+        return mask
+
     def note_total(self, total: int) -> None:
         """Record the total number of rows when a caller knows it on the host (saves a sync)."""
-        self.__dict__.setdefault("total", int(total))
+        if "total" not in self.__dict__:
+            self._seed(total=int(total))
 
     # --------------------------------------------------------------------------------- transforms
     def to(self, device: torch.device | str) -> RowPartition:
@@ -482,17 +625,16 @@ class RowPartition:
         device = torch.device(device)
         if device == self._device:
             return self
-        if self._host_shapes is None and self._lengths_on_host:
+        if self._levels is not None:
+            return RowPartition.nested([level.to(device) for level in self._levels])
+        if self._sizes_on_host and self._host_shapes is None:
             moved = RowPartition.from_host_lengths(self.host_lengths, device)
-            moved._max_shape = self._max_shape
-            return moved
-        if self._host_shapes is not None:
+        elif self._host_shapes is not None:
             moved = RowPartition.from_host_shapes(self._host_shapes, self.num_ragged_dims, device)
-            moved._max_shape = self._max_shape
-            return moved
-        return RowPartition(
-            self.shape_per_sample.to(device), max_shape=self._max_shape
-        )
+        else:
+            return RowPartition(self.shape_per_sample.to(device), max_shape=self._max_shape)
+        moved._max_shape = self._max_shape
+        return moved
 
     def select(self, index: Tensor, host_index: list[int] | None = None) -> RowPartition:
         """Partition of the samples ``index`` (1-d int64, in range, on any device);
@@ -500,6 +642,8 @@ class RowPartition:
 
         Host-side shapes carry over when ``index`` is a CPU tensor (no synchronization).
         """
+        if self._levels is not None:
+            return RowPartition.nested(self._select_levels(index, host_index))
         if self.knows_host_shapes and (host_index is not None or index.is_cpu):
             # ``index`` is a host tensor when the list is not given: reading it is no sync.
             host_index = index.tolist() if host_index is None else host_index
@@ -511,9 +655,37 @@ class RowPartition:
             return RowPartition.from_host_shapes(host, self._num_ragged_dims, self._device)
         return RowPartition(self.shape_per_sample[index.to(self.device)])
 
+    def _select_levels(self, index: Tensor, host_index: list[int] | None
+                       ) -> list[RowPartition]:
+        # Every level keeps the rows under the selected ones, in order.
+        levels = []
+        for level in self._levels:
+            levels.append(level.select(index, host_index))
+            index, host_index = level.rows_under(index, host_index)
+        return levels
+
+    def rows_under(self, index: Tensor, host_index: list[int] | None = None
+                   ) -> tuple[Tensor, list[int] | None]:
+        """The packed rows of the samples ``index`` (one ragged dim), in order, as a tensor on
+        the partition's device and, with host sizes, as a list (no sync); with device sizes the
+        count is read once (the output's size needs it)."""
+        if self.knows_host_shapes and (host_index is not None or index.is_cpu):
+            host_index = index.tolist() if host_index is None else host_index
+            offsets = self.host_offsets
+            rows = [r for i in host_index for r in range(offsets[i], offsets[i + 1])]
+            return torch.tensor(rows, dtype=torch.int64), rows
+        index = index.to(self._device)
+        counts = self.lengths[index]
+        starts = self.offsets[:-1][index].to(torch.int64)
+        total = int(counts.sum())  # the output's size: one read
+        owner = torch.repeat_interleave(counts, output_size=total)
+        first = torch.cumsum(counts, 0) - counts
+        rows = starts[owner] + torch.arange(total, device=self._device) - first[owner]
+        return rows, None
+
     def __getstate__(self) -> dict:
         # Derived tensors are cheap to recompute; pickling only the source keeps payloads small.
-        known = self.knows_host_shapes
+        known = self.knows_host_shapes and self._levels is None
         return {
             "_shapes": None if known else self._shapes,
             "_host_shapes": self.host_shapes if known else None,
@@ -521,14 +693,24 @@ class RowPartition:
             "_device": self._device,
             "_batch_size": self._batch_size,
             "_num_ragged_dims": self._num_ragged_dims,
-            "_lengths_on_host": False,  # the host sizes travel as ``_host_shapes``
+            "_sizes_on_host": self._sizes_on_host,
             "_host_lengths_tensor": None,
             "_has_empty": None,
+            "_levels": self._levels,
             **({"offsets": self.__dict__["offsets"]} if self._shapes is None
-               and not known else {}),
+               and not self._sizes_on_host and self._levels is None else {}),
         }
 
+    def __setstate__(self, state: dict) -> None:
+        # (Partitions pickled before the nested levels had a "lengths on host" flag instead.)
+        state.setdefault("_sizes_on_host", state.get("_host_shapes") is not None)
+        state.setdefault("_levels", None)
+        state.pop("_lengths_on_host", None)
+        self.__dict__.update(state)
+
     def __repr__(self) -> str:
+        if self._levels is not None:
+            return f"RowPartition(batch_size={self.batch_size}, ragged_rank={self.ragged_rank})"
         shapes = self.host_shapes if self.knows_host_shapes else "<on device>"
         return f"RowPartition(batch_size={self.batch_size}, shapes={shapes})"
 

@@ -337,10 +337,11 @@ def _slice_prefix_on_device(batch: NestedBatch, s: slice) -> Padded:
     """
     partition = batch.partition
     padded = cached_layout(batch, Layout.PADDED)
-    stop = partition.max_shape[0] if s.stop is None and partition._max_shape else s.stop
+    known = partition.cached_max_shape
+    stop = known[0] if s.stop is None and known else s.stop
     width = _slice_bound(stop, "stop")
-    if partition._max_shape is not None:
-        width = min(width, partition._max_shape[0])  # no wider than the longest sample
+    if known is not None:
+        width = min(width, known[0])  # no wider than the longest sample
     lengths = partition.lengths.clamp(max=width)
     new = RowPartition.from_lengths(lengths, max_len=width)
     if padded is not None:

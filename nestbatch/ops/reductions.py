@@ -459,7 +459,7 @@ SOFTMAX_PADDING_RATIO = 3
 
 def _pads_cheaply(batch: NestedBatch) -> bool:
     partition = batch.partition
-    if not (partition.knows_host_shapes or partition._max_shape is not None):
+    if not partition.knows_max_shape:
         return False  # the padded width would have to be read from the device
     if not partition.knows_total:
         return False

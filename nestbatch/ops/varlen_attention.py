@@ -105,7 +105,7 @@ def request_for(q: NestedBatch, k: NestedBatch, v: NestedBatch, has_mask: bool,
     keys, queries = k.partition, q.partition
     known = keys.knows_host_shapes and keys.host_has_empty is False
     # The kernels take the longest lengths as host ints and int32 offsets.
-    on_host = (queries.knows_host_shapes or queries._max_shape is not None) and (
+    on_host = queries.knows_max_shape and (
         queries.knows_total and keys.knows_total
         and max(queries.total, keys.total) < 2**31
     )
