@@ -27,11 +27,6 @@ from nestbatch.checks import (
     host_ints,
     read_device_values,
 )
-from nestbatch.compat.tensorflow import (
-    lengths_without_trailing_padding,
-    offsets_from_row_limits,
-    offsets_from_row_starts,
-)
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
 from nestbatch.layouts.padded import check_padding_side, filler_key
 from nestbatch.tensor_methods import TensorMethods
@@ -47,15 +42,15 @@ class PaddedKey(NamedTuple):
 
 _MAX_SAMPLES = 2**31 - 1  # the kernels index samples with int32 grids
 
-# Extension points: the modules above this one (the op registry, the RaggedBatch API) plug in
-# here at import, so this module imports none of them.
-_EXTENSIONS: dict[str, Callable[..., Any]] = {}
+# What ``__torch_function__`` calls: the op registry (a layer above this one) plugs its
+# dispatcher in at import, so this module does not import it.
+_DISPATCH: list[Callable[..., Any]] = []
 
 
-def extend(name: str, implementation: Callable[..., Any]) -> None:
-    """Plug ``implementation`` into the batch: ``"torch_function"`` (what
-    ``__torch_function__`` calls), ``"to_ragged_batch"``. For nestbatch's own upper layers."""
-    _EXTENSIONS[name] = implementation
+def plug_dispatcher(dispatch: Callable[..., Any]) -> None:
+    """Make ``dispatch(func, types, args, kwargs)`` what ``NestedBatch.__torch_function__`` runs
+    (the op registry's, :func:`nestbatch.ops.registry.dispatch`)."""
+    _DISPATCH[:] = [dispatch]
 
 
 class NestedBatch(TensorMethods):
@@ -369,17 +364,6 @@ class NestedBatch(TensorMethods):
             )
         )
 
-    @classmethod
-    def from_ragged_batch(cls, ragged_batch: Any) -> NestedBatch:
-        """Batch sharing the padded data of a single-batch-dim
-        :class:`~nestbatch.RaggedBatch` (no copy; see :meth:`RaggedBatch.to_nested_batch`)."""
-        return ragged_batch.to_nested_batch()
-
-    def to_ragged_batch(self) -> Any:
-        """This batch as a :class:`~nestbatch.RaggedBatch` sharing the padded data (one ragged
-        dim; see :meth:`RaggedBatch.from_nested_batch`)."""
-        return _EXTENSIONS["to_ragged_batch"](self)
-
     # ============================================================================ layouts
     def _remember(self, layout: RaggedLayout) -> None:
         if isinstance(layout, Padded):
@@ -465,7 +449,19 @@ class NestedBatch(TensorMethods):
         return cached
 
     def tensor_list(self) -> TensorList:
-        """The batch as :class:`~nestbatch.layouts.TensorList` (converted once, then cached)."""
+        """The batch as :class:`~nestbatch.layouts.TensorList` (converted once, then cached).
+
+        Raises
+        ------
+        ValueError
+            For a batch of ragged rank ``r >= 2``: its samples are batches of ragged rank
+            ``r - 1`` (:meth:`unbind`), not tensors.
+        """
+        if self._partition.ragged_rank > 1:
+            raise ValueError(
+                f"a batch of ragged rank {self._partition.ragged_rank} has no list of tensors: "
+                "its samples are batches of their rows (unbind())"
+            )
         cached = self._cache.get(Layout.LIST)
         if cached is None:
             cached = self._keep(Layout.LIST, convert.to_list(self._list_source()))
@@ -495,6 +491,8 @@ class NestedBatch(TensorMethods):
         """
         if dim != 0:
             raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
+        if self._partition.ragged_rank > 1:
+            return tuple(self._nested_sample(i) for i in range(self.batch_size))
         return tuple(self._logical(t) for t in self.tensor_list().tensors)
 
     def __iter__(self) -> Iterator[Tensor]:
@@ -512,6 +510,12 @@ class NestedBatch(TensorMethods):
             values = self.packed().values.cpu()  # the one device-to-host copy
             host = NestedBatch.trusted(Packed.trusted(values, self._partition.to(values.device)),
                                        self._ragged_dim)
+        if self._partition.ragged_rank > 1:
+            rows = host.packed().values.tolist()
+            for level in reversed(host.partition.levels):  # every level's rows cut out in turn
+                offsets = level.host_offsets
+                rows = [rows[a:b] for a, b in zip(offsets, offsets[1:])]
+            return rows
         return [sample.tolist() for sample in host.unbind()]
 
     def _logical(self, sample: Tensor) -> Tensor:
@@ -613,10 +617,24 @@ class NestedBatch(TensorMethods):
         return self._partition.max_shape
 
     @property
-    def values(self) -> Tensor:
+    def values(self) -> Tensor | NestedBatch:
         """``(total, *feature)``: the packed rows of all samples (stored order: the ragged dim
-        first, whatever :attr:`ragged_dim` is)."""
+        first, whatever :attr:`ragged_dim` is).
+
+        For a batch of ragged rank ``r >= 2``, one level down as TensorFlow's ``values``: a batch
+        of ragged rank ``r - 1`` whose samples are every sample's rows, in order (the packed
+        rows themselves are ``packed().values``).
+        """
+        if self._partition.ragged_rank > 1:
+            return self._level_down(self.packed().values, self._partition)
         return self.packed().values
+
+    @staticmethod
+    def _level_down(values: Tensor, partition: RowPartition) -> NestedBatch:
+        """The batch of the outermost rows of ``partition`` (nested) over packed ``values``."""
+        inner = partition.levels[1:]
+        below = inner[0] if len(inner) == 1 else RowPartition.nested(inner)
+        return NestedBatch.trusted(Packed.trusted(values, below))
 
     @property
     def mask(self) -> Tensor:
@@ -811,6 +829,8 @@ class NestedBatch(TensorMethods):
         if not -self.batch_size <= i < self.batch_size:
             raise IndexError(f"sample index {i} out of range for batch size {self.batch_size}")
         i %= self.batch_size
+        if self._partition.ragged_rank > 1:
+            return self._nested_sample(i)
         layout = self._primary
         if Layout.LIST in self._cache:
             return self._logical(self._cache[Layout.LIST].tensors[i])
@@ -825,128 +845,14 @@ class NestedBatch(TensorMethods):
             sample = sample.narrow(d, 0, size)
         return self._logical(sample)
 
-    # ====================================================================== TensorFlow names
-    # The names TF users call on a RaggedTensor (the conversions to other formats are functions
-    # of nestbatch.compat.torch_formats). The helpers live in nestbatch.compat.tensorflow.
-    @classmethod
-    def from_row_starts(
-        cls, values: Tensor, row_starts: Tensor | Sequence[int], *, validate: bool = True
-    ) -> NestedBatch:
-        """Batch from packed ``values`` and the start of every sample ``(B,)`` (TF row_starts)."""
-        check_tensor(values, "values")
-        if values.dim() < 1:
-            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
-        offsets = offsets_from_row_starts(row_starts, values.shape[0])
-        return cls.from_offsets(values, offsets, validate=validate)
-
-    @classmethod
-    def from_row_limits(
-        cls, values: Tensor, row_limits: Tensor | Sequence[int], *, validate: bool = True
-    ) -> NestedBatch:
-        """Batch from packed ``values`` and the end of every sample ``(B,)`` (TF row_limits)."""
-        return cls.from_offsets(values, offsets_from_row_limits(row_limits), validate=validate)
-
-    @classmethod
-    def from_tensor(
-        cls,
-        tensor: Tensor,
-        lengths: Tensor | Sequence[int] | None = None,
-        padding: float | None = None,
-    ) -> NestedBatch:
-        """Batch from padded ``tensor (B, N, *feature)`` (TF ``RaggedTensor.from_tensor``).
-
-        With ``lengths``: :meth:`from_padded`. With ``padding``: the trailing slots whose entries
-        all equal ``padding`` are cut (padding inside a row is kept). With neither: every row is
-        whole. Shares ``tensor``.
-        """
-        check_tensor(tensor, "tensor")
-        if lengths is not None and padding is not None:
-            raise ValueError("give lengths or padding, not both (as TF's from_tensor)")
-        if tensor.dim() < 2:
-            raise ValueError(f"tensor must have shape (B, N, *feature), got {tuple(tensor.shape)}")
-        if padding is not None:
-            return cls.from_padded(tensor, lengths_without_trailing_padding(tensor, padding),
-                                   validate=False)
-        if lengths is None:
-            lengths = [tensor.shape[1]] * tensor.shape[0]
-        return cls.from_padded(tensor, lengths)
-
-    @classmethod
-    def from_nested_row_splits(
-        cls, flat_values: Tensor, nested_row_splits: Sequence[Any], *, validate: bool = True
-    ) -> Any:
-        """Batch of ragged rank ``len(nested_row_splits)`` (TF's name): an ordinary batch for one
-        level, a :class:`~nestbatch.compat.nested_ragged.NestedRaggedBatch` for more."""
-        return _EXTENSIONS["from_nested_row_splits"](flat_values, nested_row_splits,
-                                                      validate=validate)
-
-    @classmethod
-    def from_nested_row_lengths(
-        cls, flat_values: Tensor, nested_row_lengths: Sequence[Any], *, validate: bool = True
-    ) -> Any:
-        """As :meth:`from_nested_row_splits`, from every level's row lengths (TF's name)."""
-        return _EXTENSIONS["from_nested_row_lengths"](flat_values, nested_row_lengths,
-                                                       validate=validate)
-
-    @property
-    def ragged_rank(self) -> int:
-        """1: one level of raggedness (TF; several levels make a
-        :class:`~nestbatch.compat.nested_ragged.NestedRaggedBatch`)."""
-        self._require_one_level("ragged_rank")
-        return 1
-
-    @property
-    def flat_values(self) -> Tensor:
-        """TF's name for :attr:`values` at ragged rank 1."""
-        self._require_one_level("flat_values")
-        return self.values
-
-    @property
-    def nested_row_splits(self) -> tuple[Tensor]:
-        """``(offsets,)`` (TF's name at ragged rank 1)."""
-        self._require_one_level("nested_row_splits")
-        return (self.offsets,)
-
-    def nested_row_lengths(self) -> tuple[Tensor]:
-        """``(lengths,)`` (TF's name at ragged rank 1)."""
-        self._require_one_level("nested_row_lengths")
-        return (self.lengths,)
-
-    def _require_one_level(self, what: str) -> None:
-        if self.num_ragged_dims != 1:
-            raise ValueError(
-                f"{what} is TF's nested-raggedness vocabulary; a batch of {self.num_ragged_dims} "
-                "ragged dims of rectangular samples (kaolin's) has no nested row splits"
-            )
-
-    def row_starts(self) -> Tensor:
-        """``(B,)`` int64: where every sample starts in the packed values (``offsets[:-1]``)."""
-        return self.offsets[:-1]
-
-    def row_limits(self) -> Tensor:
-        """``(B,)`` int64: where every sample ends in the packed values (``offsets[1:]``)."""
-        return self.offsets[1:]
-
-    def bounding_shape(self) -> Tensor:
-        """``(1 + k + f,)`` int64 on the CPU: ``[B, *max ragged sizes, *feature_shape]``.
-
-        The tightest shape every sample fits in (TF ``bounding_shape``), in logical order; may
-        read the sizes from the device once.
-        """
-        maxima = iter(self.max_shape)
-        dims = [next(maxima) if size is None else size for size in self.sample_shape]
-        return torch.tensor([self.batch_size, *dims], dtype=torch.int64)
-
-    def to_tensor(
-        self, default_value: float = 0.0, shape: Sequence[int | None] | None = None
-    ) -> Tensor:
-        """TF's name for :meth:`to_padded_tensor`: ``shape`` is the full logical shape (None
-        entries: the maximum)."""
-        return self.to_padded_tensor(default_value, shape)
-
-    def to_list(self) -> list:
-        """TF's name for :meth:`tolist` (reads every value on the host: a sync on a GPU)."""
-        return self.tolist()
+    def _nested_sample(self, i: int) -> NestedBatch:
+        """Sample ``i`` (in range) of a batch of ragged rank ``r >= 2``: the batch of ragged rank
+        ``r - 1`` of its rows, a view of the packed values (the sizes are read once, a sync, if
+        only the device has them)."""
+        partition = self._partition.select(torch.tensor([i]), [i])
+        start, stop = self._partition.host_offsets[i : i + 2]
+        values = self.packed().values[start:stop]
+        return self._level_down(values, partition.to(values.device))
 
     # ======================================================================= padded tensor
     def to_padded_tensor(
@@ -1015,7 +921,7 @@ class NestedBatch(TensorMethods):
     # ============================================================================ torch interop
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return _EXTENSIONS["torch_function"](func, types, args, kwargs or {})
+        return _DISPATCH[0](func, types, args, kwargs or {})
 
     def __getstate__(self) -> dict:
         # Only the primary layout travels; other layouts are recomputed on demand.
@@ -1187,6 +1093,8 @@ def _format_batch(batch: NestedBatch, max_samples: int = 6) -> str:
     )
     if batch.ragged_dim != 1:
         header += f", ragged_dim={batch.ragged_dim}, sample_shape={batch.sample_shape}"
+    if batch.partition.ragged_rank > 1:
+        header += f", ragged_rank={batch.partition.ragged_rank}"
     if batch.requires_grad:
         header += ", requires_grad=True"
     shown = min(batch.batch_size, max_samples)

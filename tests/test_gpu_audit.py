@@ -1103,7 +1103,9 @@ def test_every_public_name_is_audited():
             n for n, v in vars(module).items()
             if isinstance(v, types.FunctionType) and v.__module__ == module.__name__
         ]
-        wanted += [f"{prefix}.{name}" for name in _public(names)]
+        # (TF's names attached to the batch are audited as NestedBatch.<name>.)
+        attached = getattr(module, "METHODS", {})
+        wanted += [f"{prefix}.{name}" for name in _public(names) if name not in attached]
     missing = sorted({w for w in wanted if w not in audited and w not in NOT_AUDITED})
     assert not missing, f"public API with no audit entry: {missing}"
 

@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.utils.data import default_collate, get_worker_info
 
 from nestbatch.batch import NestedBatch
+from nestbatch.compat.factories import nest
 from nestbatch.layouts import Packed, RowPartition
 
 
@@ -58,6 +59,8 @@ def _collate(samples: list[Any], ragged: Collection[Any], top: bool, force: bool
     first = samples[0]
     if isinstance(first, Tensor):
         return _collate_tensors(samples, force)
+    if isinstance(first, NestedBatch):  # samples of ragged rank r: a batch of rank r + 1
+        return nest(samples)
     if isinstance(first, collections.abc.Mapping):
         _check_same_type(samples, collections.abc.Mapping)
         return type(first)(

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from nestbatch.batch import NestedBatch
 from nestbatch.compat.torch_formats import from_nested_tensor, from_packed_sequence
-from nestbatch.layouts import Layout, Packed, TensorList
+from nestbatch.layouts import Layout, Packed, RowPartition, TensorList
+from nestbatch.ops.structure import cat_samples
 
 
 def nested(
@@ -46,8 +47,15 @@ def nested(
     Returns
     -------
     NestedBatch
-        Detached from the inputs' autograd history.
+        Detached from the inputs' autograd history. Samples that are batches of ragged rank
+        ``r`` (the same feature shape and dtype) give a batch of ragged rank ``r + 1``: sample
+        ``i`` is the batch ``tensors[i]``, its samples the rows of the new outermost level.
     """
+    if isinstance(tensors, (list, tuple)) and tensors \
+            and all(isinstance(t, NestedBatch) for t in tensors):
+        batch = nest(list(tensors)).to(dtype=dtype or tensors[0].dtype,
+                                        device=device or tensors[0].device).detach().clone()
+        return batch.requires_grad_() if requires_grad else batch
     samples = TensorList(
         [t.detach() for t in _check_list(tensors)], num_ragged_dims, dtype=dtype, device=device
     )
@@ -57,6 +65,33 @@ def nested(
     if requires_grad:
         batch.requires_grad_()
     return batch
+
+
+def nest(batches: list[NestedBatch]) -> NestedBatch:
+    """The batch of ragged rank ``r + 1`` whose sample ``i`` is ``batches[i]`` (each of ragged
+    rank ``r``, one feature shape and dtype; shares nothing: their rows are joined).
+
+    Raises
+    ------
+    ValueError
+        For batches of other ragged ranks, feature shapes or dtypes, or a moved ragged dim.
+    """
+    first = batches[0]
+    for i, b in enumerate(batches):
+        if (b.partition.ragged_rank, b.num_ragged_dims, b.feature_shape, b.dtype, b.ragged_dim) \
+                != (first.partition.ragged_rank, first.partition.ragged_rank,
+                    first.feature_shape, first.dtype, 1):
+            raise ValueError(
+                f"tensors[{i}]: batches nest when they all have one ragged rank (rectangular "
+                "samples ragged in several dims do not), one feature shape and one dtype, with "
+                f"the ragged dim at dim 1; got ragged rank {b.partition.ragged_rank}, feature "
+                f"shape {tuple(b.feature_shape)} and {b.dtype} beside "
+                f"{first.partition.ragged_rank}, {tuple(first.feature_shape)} and {first.dtype}"
+            )
+    rows = cat_samples(batches)
+    outer = RowPartition.from_host_lengths([b.batch_size for b in batches], rows.device)
+    partition = RowPartition.nested([outer, *rows.partition.levels])
+    return NestedBatch(Packed(rows.packed().values, partition=partition))
 
 
 def as_nested(

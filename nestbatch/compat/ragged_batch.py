@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, extend, with_ragged_dim
+from nestbatch.batch import NestedBatch, with_ragged_dim
 from nestbatch.errors import reference_compatible_class
 from nestbatch.kernels.torch_impl import fill_padding, sizes_mask
 
@@ -1017,4 +1017,21 @@ class RaggedBatch:
         return cls(data, sample_sizes=padded.lengths, non_uniform_dim=nb.ragged_dim)
 
 
-extend("to_ragged_batch", RaggedBatch.from_nested_batch)
+def _to_ragged_batch(batch: NestedBatch) -> RaggedBatch:
+    """This batch as a :class:`RaggedBatch` sharing the padded data (one ragged dim; see
+    :meth:`RaggedBatch.from_nested_batch`)."""
+    return RaggedBatch.from_nested_batch(batch)
+
+
+def _from_ragged_batch(cls: type, ragged_batch: RaggedBatch) -> NestedBatch:
+    """Batch sharing the padded data of a single-batch-dim :class:`RaggedBatch` (no copy; see
+    :meth:`RaggedBatch.to_nested_batch`)."""
+    return ragged_batch.to_nested_batch()
+
+
+#: The ``RaggedBatch`` conversions on a batch, attached to :class:`~nestbatch.NestedBatch` by
+#: :mod:`nestbatch.compat`.
+METHODS = {
+    "to_ragged_batch": _to_ragged_batch,
+    "from_ragged_batch": classmethod(_from_ragged_batch),
+}

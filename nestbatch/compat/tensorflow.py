@@ -1,20 +1,253 @@
-"""Row partitions in TensorFlow's other encodings (row starts, row limits, trailing padding).
+"""TensorFlow's ``RaggedTensor`` vocabulary on a :class:`~nestbatch.NestedBatch`.
 
-``tf.RaggedTensor`` can be built from ``row_splits`` (our ``offsets``), ``row_lengths``
-(``lengths``), ``value_rowids`` (``row_ids``), ``row_starts``, ``row_limits`` or a padded tensor;
-the functions here turn the last three into offsets / lengths for the ``NestedBatch`` constructors.
+The names TF users call (``from_row_starts``, ``from_tensor``, ``from_nested_row_splits``,
+``row_starts()``, ``bounding_shape()``, ``to_tensor()``, ``flat_values``, ``ragged_rank``, ...)
+are defined here and attached to the batch in one place, :data:`METHODS`; the batch's own class
+body speaks torch. ``tf.RaggedTensor`` can be built from ``row_splits`` (our ``offsets``),
+``row_lengths`` (``lengths``), ``value_rowids`` (``row_ids``), ``row_starts``, ``row_limits`` or
+a padded tensor, and with several levels of row splits (nested raggedness, ragged rank ``r``):
+the helpers turn those into the batch's partition. ``docs/tensorflow.rst`` has the table.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from nestbatch.checks import as_index_tensor, check_tensor, host_ints
+from nestbatch.batch import NestedBatch
+from nestbatch.checks import (
+    as_index_tensor,
+    as_offsets,
+    check_host_offsets,
+    check_offsets_on_device,
+    check_tensor,
+    host_ints,
+    host_sizes,
+)
+from nestbatch.layouts import Packed, RowPartition
 
 
+# ============================================================================= factories
+def from_row_starts(cls: type, values: Tensor, row_starts: Tensor | Sequence[int], *,
+                    validate: bool = True) -> NestedBatch:
+    """Batch from packed ``values`` and the start of every sample ``(B,)`` (TF row_starts)."""
+    check_tensor(values, "values")
+    if values.dim() < 1:
+        raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+    offsets = offsets_from_row_starts(row_starts, values.shape[0])
+    return cls.from_offsets(values, offsets, validate=validate)
+
+
+def from_row_limits(cls: type, values: Tensor, row_limits: Tensor | Sequence[int], *,
+                    validate: bool = True) -> NestedBatch:
+    """Batch from packed ``values`` and the end of every sample ``(B,)`` (TF row_limits)."""
+    return cls.from_offsets(values, offsets_from_row_limits(row_limits), validate=validate)
+
+
+def from_tensor(cls: type, tensor: Tensor, lengths: Tensor | Sequence[int] | None = None,
+                padding: float | None = None) -> NestedBatch:
+    """Batch from padded ``tensor (B, N, *feature)`` (TF ``RaggedTensor.from_tensor``).
+
+    With ``lengths``: :meth:`~nestbatch.NestedBatch.from_padded`. With ``padding``: the trailing
+    slots whose entries all equal ``padding`` are cut (padding inside a row is kept). With
+    neither: every row is whole. Shares ``tensor``.
+    """
+    check_tensor(tensor, "tensor")
+    if lengths is not None and padding is not None:
+        raise ValueError("give lengths or padding, not both (as TF's from_tensor)")
+    if tensor.dim() < 2:
+        raise ValueError(f"tensor must have shape (B, N, *feature), got {tuple(tensor.shape)}")
+    if padding is not None:
+        return cls.from_padded(tensor, lengths_without_trailing_padding(tensor, padding),
+                               validate=False)
+    if lengths is None:
+        lengths = [tensor.shape[1]] * tensor.shape[0]
+    return cls.from_padded(tensor, lengths)
+
+
+def from_nested_row_splits(
+    cls: type, flat_values: Tensor, nested_row_splits: Sequence[Tensor | Sequence[int]], *,
+    validate: bool = True,
+) -> NestedBatch:
+    """Batch of ragged rank ``r = len(nested_row_splits)`` (TF ``from_nested_row_splits``).
+
+    Parameters
+    ----------
+    flat_values : Tensor
+        ``(total, *feature)``: the innermost rows.
+    nested_row_splits : sequence of 1-d integer tensors or int sequences
+        Offsets, outermost first: level ``j``'s last entry is the number of rows of level
+        ``j + 1`` (of ``flat_values`` for the last level).
+    validate : bool, default True
+        Check every level as TF's ``validate=True``: starts at 0, never decreases, ends at the
+        next level's row count. Host splits are checked on the host (no sync); device ones with
+        one read each.
+
+    Returns
+    -------
+    NestedBatch
+        Of ragged rank ``r`` (an ordinary batch for one level).
+    """
+    check_tensor(flat_values, "flat_values")
+    if flat_values.dim() < 1:
+        raise ValueError("flat_values must have a row dim (total, *feature), got a scalar")
+    if isinstance(nested_row_splits, Tensor) or not isinstance(nested_row_splits, Sequence) \
+            or len(nested_row_splits) == 0:
+        raise TypeError("nested_row_splits must be a non-empty sequence of offsets vectors")
+    device = flat_values.device
+    host = [_host_splits(raw, f"nested_row_splits[{level}]")
+            for level, raw in enumerate(nested_row_splits)]
+    splits = [
+        as_offsets(raw if isinstance(raw, Tensor) else torch.tensor(known, dtype=torch.int64),
+                   device, f"nested_row_splits[{level}]")
+        for level, (raw, known) in enumerate(zip(nested_row_splits, host))
+    ]
+    rows = [s.shape[0] - 1 for s in splits[1:]] + [flat_values.shape[0]]
+    if validate:
+        for level, (offsets, known, count) in enumerate(zip(splits, host, rows)):
+            name = f"nested_row_splits[{level}]"
+            if known is None:
+                check_offsets_on_device(offsets, count, name=name)
+            elif not known:
+                raise ValueError(f"{name} must have at least one entry (B + 1 values), got none")
+            else:
+                check_host_offsets(list(known), count, None, name)
+    levels = [
+        RowPartition.from_host_lengths([b - a for a, b in zip(known, known[1:])], device)
+        if known is not None else RowPartition.from_offsets(offsets, total=count)
+        for offsets, known, count in zip(splits, host, rows)
+    ]
+    partition = levels[0] if len(levels) == 1 else RowPartition.nested(levels)
+    return cls(Packed(flat_values, partition=partition))
+
+
+def _host_splits(raw: Any, name: str) -> tuple[int, ...] | None:
+    """Splits the host holds (a Python sequence or a CPU tensor: read without a sync)."""
+    if not isinstance(raw, Tensor):
+        return host_ints(raw, name)
+    if raw.is_cpu and not (raw.is_floating_point() or raw.dtype == torch.bool):
+        return tuple(raw.reshape(-1).tolist())
+    return None
+
+
+def from_nested_row_lengths(
+    cls: type, flat_values: Tensor, nested_row_lengths: Sequence[Tensor | Sequence[int]], *,
+    validate: bool = True,
+) -> NestedBatch:
+    """Batch of ragged rank ``len(nested_row_lengths)`` from every level's row lengths,
+    outermost first (TF ``from_nested_row_lengths``); see :func:`from_nested_row_splits`."""
+    if isinstance(nested_row_lengths, Tensor) or not isinstance(nested_row_lengths, Sequence) \
+            or len(nested_row_lengths) == 0:
+        raise TypeError("nested_row_lengths must be a non-empty sequence of lengths vectors")
+    splits: list[Tensor | tuple[int, ...]] = []
+    for level, lengths in enumerate(nested_row_lengths):
+        if not isinstance(lengths, Tensor):
+            # Host lengths give host splits, checked on the host (no sync).
+            sizes = host_sizes(lengths, f"nested_row_lengths[{level}]")
+            splits.append((0, *itertools.accumulate(sizes)))
+            continue
+        check_tensor(lengths, f"nested_row_lengths[{level}]")
+        if lengths.is_floating_point() or lengths.dtype == torch.bool:
+            raise TypeError(f"nested_row_lengths[{level}] must be integers, got {lengths.dtype}")
+        if validate and lengths.numel() and bool((lengths < 0).any()):
+            raise ValueError(f"nested_row_lengths[{level}] must be non-negative")
+        offsets = lengths.new_zeros(lengths.shape[0] + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        splits.append(offsets)
+    return from_nested_row_splits(cls, flat_values, splits, validate=validate)
+
+
+# ============================================================================= accessors
+def ragged_rank(batch: NestedBatch) -> int:
+    """The number of nested levels of raggedness (TF's ``ragged_rank``)."""
+    _require_levels(batch, "ragged_rank")
+    return batch.partition.ragged_rank
+
+
+def flat_values(batch: NestedBatch) -> Tensor:
+    """The innermost rows ``(total, *feature)`` (TF's ``flat_values``): the packed values."""
+    _require_levels(batch, "flat_values")
+    return batch.packed().values
+
+
+def nested_row_splits(batch: NestedBatch) -> tuple[Tensor, ...]:
+    """Every level's offsets, outermost first (TF's ``nested_row_splits``)."""
+    _require_levels(batch, "nested_row_splits")
+    return tuple(level.offsets for level in batch.partition.levels)
+
+
+def nested_row_lengths(batch: NestedBatch) -> tuple[Tensor, ...]:
+    """Every level's row lengths, outermost first (TF's ``nested_row_lengths()``)."""
+    _require_levels(batch, "nested_row_lengths")
+    return tuple(level.lengths for level in batch.partition.levels)
+
+
+def _require_levels(batch: NestedBatch, what: str) -> None:
+    if batch.num_ragged_dims != batch.partition.ragged_rank:
+        raise ValueError(
+            f"{what} is TF's nested-raggedness vocabulary; a batch of {batch.num_ragged_dims} "
+            "ragged dims of rectangular samples (kaolin's) has no nested row splits"
+        )
+
+
+def row_starts(batch: NestedBatch) -> Tensor:
+    """``(B,)`` int64: where every sample starts in the packed values (``offsets[:-1]``)."""
+    return batch.offsets[:-1]
+
+
+def row_limits(batch: NestedBatch) -> Tensor:
+    """``(B,)`` int64: where every sample ends in the packed values (``offsets[1:]``)."""
+    return batch.offsets[1:]
+
+
+def bounding_shape(batch: NestedBatch) -> Tensor:
+    """``(1 + k + f,)`` int64 on the CPU: ``[B, *max ragged sizes, *feature_shape]``.
+
+    The tightest shape every sample fits in (TF ``bounding_shape``), in logical order; may
+    read the sizes from the device once.
+    """
+    maxima = iter(batch.max_shape)
+    dims = [next(maxima) if size is None else size for size in batch.sample_shape]
+    return torch.tensor([batch.batch_size, *dims], dtype=torch.int64)
+
+
+def to_tensor(batch: NestedBatch, default_value: float = 0.0,
+              shape: Sequence[int | None] | None = None) -> Tensor:
+    """TF's name for :meth:`~nestbatch.NestedBatch.to_padded_tensor`: ``shape`` is the full
+    logical shape (None entries: the maximum)."""
+    return batch.to_padded_tensor(default_value, shape)
+
+
+def to_list(batch: NestedBatch) -> list:
+    """TF's name for :meth:`~nestbatch.NestedBatch.tolist` (reads every value on the host: a
+    sync on a GPU)."""
+    return batch.tolist()
+
+
+#: TF's names on a batch, attached to :class:`~nestbatch.NestedBatch` here (and only here).
+METHODS: dict[str, Any] = {
+    "from_row_starts": classmethod(from_row_starts),
+    "from_row_limits": classmethod(from_row_limits),
+    "from_tensor": classmethod(from_tensor),
+    "from_nested_row_splits": classmethod(from_nested_row_splits),
+    "from_nested_row_lengths": classmethod(from_nested_row_lengths),
+    "ragged_rank": property(ragged_rank),
+    "flat_values": property(flat_values),
+    "nested_row_splits": property(nested_row_splits),
+    "nested_row_lengths": nested_row_lengths,
+    "row_starts": row_starts,
+    "row_limits": row_limits,
+    "bounding_shape": bounding_shape,
+    "to_tensor": to_tensor,
+    "to_list": to_list,
+}
+
+
+# ============================================================================= encodings
 def offsets_from_row_starts(
     row_starts: Tensor | Sequence[int], num_values: int
 ) -> Tensor | list[int]:

@@ -103,6 +103,11 @@ def reference_packed_values_to_padded(
             values, partition.offsets, padded_shape[0], padding_value
         )
     shape = (partition.batch_size, *padded_shape, *values.shape[1:])
+    if partition.ragged_rank > 1:
+        # Nested raggedness: every value written at its position in every level's row (an
+        # out-of-place index_put: differentiable).
+        out = values.new_full(shape, padding_value)
+        return out.index_put((partition.row_ids, *partition.ragged_index), values)
     if values.shape[0] == 0 or math.prod(shape) == 0:
         # Nothing to read; adding ``values.sum() * 0`` keeps the autograd link to ``values``.
         out = values.new_full(shape, padding_value)

@@ -54,7 +54,7 @@ def packed_operand(x: Any, ref: NestedBatch, nf: int) -> Any:
         _check_moved_operand(x, ref)
     if is_batch(x):
         check_same_structure(ref, x, "the two batches of an elementwise op")
-        values = x.values
+        values = x.packed().values
         missing = nf - (values.dim() - 1)
         return values.reshape(values.shape[0], *([1] * missing), *values.shape[1:])
     if isinstance(x, Tensor) and x.dim() > nf:

@@ -101,6 +101,13 @@ def check_same_structure(a: NestedBatch, b: NestedBatch, what: str = "batches") 
     if pa is pb:
         return
     same = pa.batch_size == pb.batch_size and pa.num_ragged_dims == pb.num_ragged_dims
+    if pa.ragged_rank > 1 or pb.ragged_rank > 1:
+        # Nested raggedness: every level's rows the same (one level at a time).
+        same = same and pa.ragged_rank == pb.ragged_rank and all(
+            _same_level(la, lb) for la, lb in zip(pa.levels, pb.levels))
+        if not same:
+            raise ValueError(f"{what} must have the same nested row structure at every level")
+        return
     if same and torch.compiler.is_compiling():
         # A traced graph compares on the device and fails asynchronously on a mismatch: a
         # comparison of host shapes would specialize the graph on every length, a read of the
@@ -120,6 +127,18 @@ def check_same_structure(a: NestedBatch, b: NestedBatch, what: str = "batches") 
             f"{what} must have the same row structure: got per-sample ragged shapes "
             f"{_describe_shapes(pa)} and {_describe_shapes(pb)}"
         )
+
+
+def _same_level(a: RowPartition, b: RowPartition) -> bool:
+    """Whether two one-ragged-dim partitions have the same lengths (on the host when both know
+    them, else one read of the device)."""
+    if a is b:
+        return True
+    if a.batch_size != b.batch_size:
+        return False
+    if a.knows_host_shapes and b.knows_host_shapes:
+        return a.host_lengths == b.host_lengths
+    return torch.equal(a.lengths, b.lengths.to(a.device))
 
 
 def _describe_shapes(partition: RowPartition) -> str:
@@ -180,7 +199,7 @@ def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
                                padding_side=primary.padding_side)
         primary.data.copy_(padded.data)
     elif hasattr(primary, "values"):
-        primary.values.copy_(result.values)
+        primary.values.copy_(result.packed().values)
     else:
         for tensor, new in zip(primary.tensors, result.tensor_list().tensors):
             tensor.copy_(new)

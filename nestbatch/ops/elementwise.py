@@ -132,7 +132,7 @@ def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, li
         if isinstance(a, NestedBatch):
             if a.ragged_dim != 1:
                 return None
-            stored = a.values
+            stored = a.packed().values
             if ref is None:
                 ref, ref_ndim = a, stored.dim()
             elif a.partition is not ref.partition or stored.dim() != ref_ndim:
@@ -159,7 +159,7 @@ def _refuse_dense_target(func: Any, target: Any) -> None:
 
 
 @register(*torch_funcs(*UNARY, *BINARY), *(getattr(torch.Tensor, d) for d in DUNDERS),
-          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True, nested=True)
 def _elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if func is torch.where and len(args) + len(kwargs) == 1:
         raise ValueError(
@@ -177,7 +177,7 @@ _INPLACE = tuple(
 
 
 @register(*_INPLACE, torch.Tensor.zero_, torch.Tensor.fill_, layouts=PACKED_OR_PADDED,
-          prefer=Layout.PACKED, moved_ragged=True)
+          prefer=Layout.PACKED, moved_ragged=True, nested=True)
 def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``b.add_(x)``, ``b += x``, ``b.exp_()``, ``b.fill_(v)``, ...: torch's in-place op itself,
     so torch's rules (result dtype, broadcasting into the target's shape) decide what runs.
@@ -207,7 +207,7 @@ def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -
         func(stored.values, *operands, **extra)
         forget_derived_layouts(target)
         return target
-    values = target.values.clone()
+    values = target.packed().values.clone()
     func(values, *operands, **extra)
     return replace_storage(target, target.with_values(values))
 
@@ -244,7 +244,7 @@ def _expand(mask: Tensor, data: Tensor) -> Tensor:
 
 @register(*torch_funcs("empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
                        "randn_like", "randint_like"),
-          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
+          layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True, nested=True)
 def _like(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """A new batch of the same structure, the ``*_like`` of the packed values (or padded data)."""
     batch = first_batch(args)
@@ -253,12 +253,12 @@ def _like(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         return wrap_padded(
             func(padded.data, *args[1:], **kwargs), padded.partition, batch.ragged_dim
         )
-    return batch.with_values(func(batch.values, *args[1:], **kwargs))
+    return batch.with_values(func(batch.packed().values, *args[1:], **kwargs))
 
 
 @register(torch.clone, torch.detach, torch.Tensor.contiguous, torch.Tensor.clone,
           torch.Tensor.detach, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
-          moved_ragged=True)
+          moved_ragged=True, nested=True)
 def _copy(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``clone`` / ``detach`` / ``contiguous`` of the stored layout (structure kept)."""
     batch = args[0]

@@ -37,7 +37,7 @@ def _getitem_now(func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
 
 
 @register(torch.Tensor.__getitem__, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
-          moved_ragged=True, fast=_getitem_now)
+          moved_ragged=True, fast=_getitem_now, nested=True)
 def _getitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
     return getitem(args[0], args[1])
 
@@ -78,7 +78,7 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
                 raise TypeError(
                     f"feature dims accept ints and slices, got {type(entry).__name__}"
                 )
-        batch = batch.with_values(batch.values[(slice(None), *features)])
+        batch = batch.with_values(batch.packed().values[(slice(None), *features)])
     return batch
 
 
@@ -276,6 +276,8 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
     first = slices[0]
     if first.stop is None and not first.start and _is_whole(slices):
         return batch  # x[:, 0:], x[:, ::1]: every sample whole
+    if partition.ragged_rank > 1:
+        return _slice_outer_rows(batch, slices)
     if batch.num_ragged_dims == 1 and (partition.knows_host_shapes or _is_prefix_slice(slices)):
         return NestedBatch.trusted(_slice_one_ragged_dim(batch, slices[0]))
     sizes = (
@@ -301,6 +303,37 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
         flat = flat * shapes[:, d] + starts[:, d] + position * step
     source_rows = partition.offsets[rows] + flat
     return NestedBatch(Packed(packed.values[source_rows], partition=new_partition))
+
+
+def _slice_outer_rows(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
+    """``x[:, a:b]`` of a batch of ragged rank ``r >= 2``: every sample's outermost rows sliced
+    as a Python list is (clipped; negative bounds from the sample's end), the rows below them
+    kept. The sizes are read on the host (once, a sync, if only the device has them).
+
+    Raises
+    ------
+    ValueError
+        For a slice of an inner level (``x[:, :, a:b]``) or a step that is not positive.
+    """
+    if any(s != slice(None) for s in slices[1:]):
+        raise ValueError(
+            "slicing a batch of ragged rank >= 2 slices its outermost rows only (x[:, a:b]); "
+            "slice an inner level through .values or unbind()"
+        )
+    s = slices[0]
+    if (1 if s.step is None else _slice_bound(s.step, "step")) <= 0:
+        raise ValueError(f"slice step on ragged dim 1 must be positive, got {s.step}")
+    levels = batch.partition.levels
+    offsets = levels[0].host_offsets
+    ranges = [range(offsets[b], offsets[b + 1])[s] for b in range(batch.batch_size)]
+    rows = list(itertools.chain.from_iterable(ranges))
+    kept = [RowPartition.from_host_lengths([len(r) for r in ranges], batch.device)]
+    index, host_index = torch.tensor(rows, dtype=torch.int64), rows
+    for level in levels[1:]:  # every level keeps the rows under the kept ones
+        kept.append(level.select(index, host_index))
+        index, host_index = level.rows_under(index, host_index)
+    values = gather_rows(batch.packed().values, index.cpu())
+    return NestedBatch(Packed(values, partition=RowPartition.nested(kept)))
 
 
 def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:

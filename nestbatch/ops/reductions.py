@@ -48,6 +48,7 @@ from nestbatch.ops.common import (
     wrap_padded,
 )
 from nestbatch.ops.elementwise import elementwise
+from nestbatch.ops.levels import reduce_level
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import WIDENED_DTYPES, fill_empty, segment_reduce
 
@@ -70,21 +71,22 @@ def _dims(batch: NestedBatch, dim: Any) -> tuple[int, ...] | None:
 
 def _split_dims(
     batch: NestedBatch, dims: tuple[int, ...], name: str
-) -> tuple[bool, tuple[int, ...]]:
-    """Whether the ragged dims reduce, and the feature dims (as dims of the packed values)."""
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ragged dims that reduce, and the feature dims (as dims of the packed values)."""
     k = batch.num_ragged_dims
     if 0 in dims:
         raise ValueError(
             f"{name} over dim 0 (the batch) is not supported on a NestedBatch: samples differ in "
             "size; reduce .values (all packed rows) or each sample instead"
         )
-    ragged = [d for d in dims if dim_kind(batch, d) == "ragged"]
-    if ragged and len(ragged) != k:
+    ragged = tuple(d for d in dims if dim_kind(batch, d) == "ragged")
+    one_level = len(ragged) == 1 and batch.partition.ragged_rank > 1  # (see ops.levels)
+    if ragged and len(ragged) != k and not one_level:
         raise ValueError(
-            f"{name} over ragged dim(s) {ragged} of a batch with {k} ragged dims: reduce all "
-            f"ragged dims at once (dim={tuple(range(1, k + 1))}) or pad first (.padded())"
+            f"{name} over ragged dim(s) {list(ragged)} of a batch with {k} ragged dims: reduce "
+            f"all ragged dims at once (dim={tuple(range(1, k + 1))}) or pad first (.padded())"
         )
-    return bool(ragged), tuple(values_dim(batch, d) for d in dims if d not in ragged)
+    return ragged, tuple(values_dim(batch, d) for d in dims if d not in ragged)
 
 
 # =========================================================================== ragged-dim kernels
@@ -224,20 +226,22 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
     if dims is None:
         if name in ("argmax", "argmin"):
             raise ValueError(f"{name} over every dim of a NestedBatch has no index; give dim")
-        return func(batch.values, **extra) if name != "logsumexp" else \
-            func(batch.values.flatten(), 0)
+        values = batch.packed().values
+        return func(values, **extra) if name != "logsumexp" else func(values.flatten(), 0)
     ragged, features = _split_dims(batch, dims, name)
     if not ragged:
-        out = _feature_reduce(func, batch.values, features, keepdim, extra)
+        out = _feature_reduce(func, batch.packed().values, features, keepdim, extra)
         moved_by = 0 if keepdim else sum(d < batch.ragged_dim for d in dims)
         return batch.with_values(out, batch.ragged_dim - moved_by)
-    if features and name not in _COMPOSABLE:
+    if features and (name not in _COMPOSABLE or len(ragged) < batch.num_ragged_dims):
         raise ValueError(
             f"{name} over ragged and feature dims at once is not supported; reduce the ragged "
-            "dim(s) first, then the dense result"
+            "dim(s) first, then the result"
         )
     result_dtype = batch.dtype if dtype is None else dtype
     _check_ragged_dtype(name, result_dtype)
+    if len(ragged) < batch.num_ragged_dims:  # one level of a nested batch
+        return reduce_level(batch, name, ragged[0], keepdim, dtype)
     if name == "logsumexp" and not (result_dtype.is_floating_point or result_dtype.is_complex):
         # torch.logsumexp of integers and bools is computed in the default float dtype.
         result_dtype = dtype = torch.get_default_dtype()
@@ -256,8 +260,9 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
     if layout is Layout.PADDED and all(batch.max_shape):
         out = _ragged_padded(batch, name, dtype, correction)
     else:
-        values = batch.values if dtype is None else batch.values.to(dtype)
-        out = _ragged_packed(batch, name, values, correction)
+        values = batch.packed().values
+        out = _ragged_packed(batch, name, values if dtype is None else values.to(dtype),
+                             correction)
     if features:
         second = getattr(torch, _SECOND_STAGE.get(name, name))
         out = _feature_reduce(second, out, features, keepdim, {})
@@ -346,13 +351,13 @@ def _segment_fast_path(func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 @register(*torch_funcs(*_NAMES), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
-          moved_ragged=True, fast=_segment_fast_path)
+          moved_ragged=True, fast=_segment_fast_path, nested=True)
 def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     name = "sum" if func.__name__ == "nansum" else func.__name__
     if func.__name__ == "nansum" and (batch.dtype.is_floating_point or batch.dtype.is_complex):
         # NaN counts as 0; infinities stay (nan_to_num would make them the dtype's extremes).
-        values = batch.values
+        values = batch.packed().values
         batch = batch.with_values(values.masked_fill(values.isnan(), 0))
     dims = _dims(batch, _arg(args, kwargs, 1, "dim", kwargs.get("axis")))
     keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from nestbatch.batch import NestedBatch, extend
+from nestbatch.batch import NestedBatch, plug_dispatcher
 from nestbatch.layouts import Layout
 from nestbatch.tensor_methods import tensor_method, tensor_property
 
@@ -43,6 +43,7 @@ class OpEntry:
     moved_ragged: bool = False
     order: tuple[Layout, ...] = ()  # the layouts to try, the preferred first
     fast: Callable[[Callable, tuple, dict], Any] | None = None
+    nested: bool = False
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
@@ -69,6 +70,7 @@ def register(
     prefer: Layout | None = None,
     moved_ragged: bool = False,
     fast: Callable[[Callable, tuple, dict], Any] | None = None,
+    nested: bool = False,
 ) -> Callable[[Implementation], Implementation]:
     """Decorator: run ``funcs`` on nested batches with the decorated implementation.
 
@@ -90,6 +92,10 @@ def register(
         calls it recognizes, ``NotImplemented`` for every other (which then take the general
         path). For the hottest calls, whose general bookkeeping costs more host time than
         their kernel.
+    nested : bool, default False
+        Whether the implementation handles batches of ragged rank ``r >= 2`` (nested
+        raggedness, see :meth:`~nestbatch.layouts.RowPartition.nested`). Otherwise
+        :func:`dispatch` raises a ``TypeError`` naming the op for such a batch.
 
     Notes
     -----
@@ -107,7 +113,7 @@ def register(
     def decorate(impl: Implementation) -> Implementation:
         for func in funcs:
             order = (prefer, *(layout for layout in layouts if layout is not prefer))
-            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order, fast)
+            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order, fast, nested)
             _expose_as_method(func)
         return impl
 
@@ -207,6 +213,15 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
             "implementation with nestbatch.ops.registry.register"
         )
     batches = nested_arguments(args, kwargs)
+    if not entry.nested:
+        rank = next((b.partition.ragged_rank for b in batches if b.partition.ragged_rank > 1),
+                    None)
+        if rank is not None:
+            raise TypeError(
+                f"{_display_name(func)} is not supported on a NestedBatch of ragged rank {rank} "
+                "(nested raggedness); apply it to every level's batch (.values, unbind()) or to "
+                "the padded data (.padded().data with .mask)"
+            )
     if not entry.moved_ragged:
         moved = next((b.ragged_dim for b in batches if b.ragged_dim != 1), None)
         if moved is not None:
@@ -219,7 +234,7 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
     return entry.impl(layout, func, args, kwargs)
 
 
-extend("torch_function", dispatch)
+plug_dispatcher(dispatch)
 
 
 def _display_name(func: Callable) -> str:

@@ -104,7 +104,7 @@ def _merged_partition(parts: list[RowPartition], shapes: Tensor) -> RowPartition
 
 
 @register(torch.cat, torch.concat, torch.concatenate, layouts=(Layout.PACKED,),
-          moved_ragged=True)
+          moved_ragged=True, nested=True)
 def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     items = args[0] if args else kwargs["tensors"]
     ref = first_batch(items)
@@ -118,7 +118,8 @@ def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         return cat_rows(batches)
     for b in batches[1:]:
         check_same_structure(ref, b, "batches concatenated on a feature dim")
-    return ref.with_values(torch.cat([b.values for b in batches], values_dim(ref, dim)))
+    values = [b.packed().values for b in batches]
+    return ref.with_values(torch.cat(values, values_dim(ref, dim)))
 
 
 def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
@@ -132,10 +133,26 @@ def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
             "cat along dim 0: batches must have the same sample shape (None at ragged dims), "
             f"got {' and '.join(map(str, shapes_seen))}"
         )
-    values = torch.cat([b.values for b in batches])
+    values = torch.cat([b.packed().values for b in batches])
+    if batches[0].partition.ragged_rank > 1:
+        return NestedBatch(Packed(values, partition=_joined_levels(batches)))
     shapes = torch.cat([b.shape_per_sample for b in batches])
     partition = _merged_partition([b.partition for b in batches], shapes)
     return NestedBatch(Packed(values, partition=partition), rd)
+
+
+def _joined_levels(batches: list[NestedBatch]) -> RowPartition:
+    """The nested partition of every batch's samples in turn: every level's rows joined (on
+    the host when every batch knows its sizes there)."""
+    levels = []
+    for depth in range(batches[0].partition.ragged_rank):
+        parts = [b.partition.levels[depth] for b in batches]
+        if all(p.knows_host_shapes for p in parts):
+            lengths = [n for p in parts for n in p.host_lengths]
+            levels.append(RowPartition.from_host_lengths(lengths, batches[0].device))
+        else:
+            levels.append(RowPartition.from_lengths(torch.cat([p.lengths for p in parts])))
+    return RowPartition.nested(levels)
 
 
 def cat_rows(batches: list[NestedBatch]) -> NestedBatch:
