@@ -45,10 +45,8 @@ __version__ = "0.1.0"
 def _allow_weights_only_loading() -> None:
     """Let ``torch.load`` (``weights_only=True``, its default) rebuild saved batches: their
     classes hold only tensors, ints, tuples and devices, and build no code from the file."""
-    from nestbatch.compat.ragged_batch import _SampleLayout
-
     torch.serialization.add_safe_globals(
-        [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch, _SampleLayout]
+        [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch]
     )
 
 

@@ -17,7 +17,8 @@ from torch import Tensor
 
 from nestbatch.batch import NestedBatch, with_ragged_dim
 from nestbatch.errors import reference_compatible_class
-from nestbatch.kernels.torch_impl import fill_padding, sizes_mask
+from nestbatch.kernels.torch_impl import fill_padding
+from nestbatch.layouts import RowPartition
 
 __all__ = ["RaggedBatch"]
 
@@ -55,7 +56,7 @@ def with_data_of_sizes(like: RaggedBatch, tensor: Tensor,
     (and without the error conversion of the public methods): for nestbatch's own callers, whose
     ``tensor`` has ``like``'s batch shape, device and non-uniform size by construction."""
     nud = like._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
-    return _assemble(type(like), tensor, like._layout, nud, like._num_batch_dims)
+    return _assemble(type(like), tensor, like._row_partition, nud, like._num_batch_dims)
 
 
 def with_sizes(tensor: Tensor, sample_sizes: Tensor, non_uniform_dim: int) -> RaggedBatch:
@@ -63,75 +64,24 @@ def with_sizes(tensor: Tensor, sample_sizes: Tensor, non_uniform_dim: int) -> Ra
     without its checks: for nestbatch's own callers, whose arguments agree by construction
     (batch shape ``sample_sizes.shape``, same device, ``non_uniform_dim`` past the batch
     dims)."""
-    layout = _SampleLayout(None, sample_sizes, tensor.shape[non_uniform_dim])
-    return _assemble(RaggedBatch, tensor, layout, non_uniform_dim, sample_sizes.dim())
+    partition = RowPartition.from_sizes(sample_sizes)
+    return _assemble(RaggedBatch, tensor, partition, non_uniform_dim, sample_sizes.dim())
 
 
-def _assemble(cls: type[RaggedBatch], tensor: Tensor, layout: _SampleLayout,
+def _assemble(cls: type[RaggedBatch], tensor: Tensor, partition: RowPartition,
               non_uniform_dim: int, num_batch_dims: int) -> RaggedBatch:
     """An instance of ``cls`` from its four fields, unchecked."""
     obj = cls.__new__(cls)
     obj._tensor = tensor
-    obj._layout = layout
+    obj._row_partition = partition
     obj._non_uniform_dim = non_uniform_dim
     obj._num_batch_dims = num_batch_dims
     return obj
 
 
-class _SampleLayout:
-    """Mask and sample sizes of a batch, shared by instances with the same samples.
-
-    Whichever of the two is missing is derived on first access and then cached,
-    so every instance sharing the layout profits from the derivation.
-    """
-
-    __slots__ = ("_mask", "_sample_sizes", "_total_num_entries", "max_size")
-
-    def __init__(self, mask: Tensor | None, sample_sizes: Tensor | None, max_size: int) -> None:
-        self._mask = mask
-        self._sample_sizes = sample_sizes
-        self._total_num_entries: int | None = None
-        self.max_size = max_size
-
-    @property
-    def mask(self) -> Tensor:
-        if self._mask is None:
-            sizes = self._sample_sizes
-            self._mask = sizes_mask(sizes, self.max_size)
-        return self._mask
-
-    @property
-    def sample_sizes(self) -> Tensor:
-        if self._sample_sizes is None:
-            self._sample_sizes = self._mask.sum(dim=-1, dtype=torch.int64)
-        return self._sample_sizes
-
-    @property
-    def total_num_entries(self) -> int:
-        if self._total_num_entries is None:
-            self._total_num_entries = int(self.sample_sizes.sum().item())
-        return self._total_num_entries
-
-    def map_batch(
-        self, fn: Callable[[Tensor, int], Tensor], max_size: int | None = None
-    ) -> _SampleLayout:
-        """Apply a batch-dim transform to the existing tensors only.
-
-        ``fn(t, num_trailing)`` receives the sizes (``num_trailing == 0``) or
-        the mask (``num_trailing == 1``, the sample dim trails the batch dims).
-        """
-        mask = None if self._mask is None else fn(self._mask, 1)
-        sizes = None if self._sample_sizes is None else fn(self._sample_sizes, 0)
-        return _SampleLayout(mask, sizes, self.max_size if max_size is None else max_size)
-
-    def to_device(self, device: torch.device) -> _SampleLayout:
-        layout = self.map_batch(lambda t, _: t.to(device))
-        layout._total_num_entries = self._total_num_entries
-        return layout
-
-    @property
-    def device(self) -> torch.device:
-        return (self._mask if self._mask is not None else self._sample_sizes).device
+def _partition_of(mask: Tensor | None, sample_sizes: Tensor | None) -> RowPartition:
+    """The samples' partition (the batch dims flattened), the sizes and mask kept as given."""
+    return RowPartition.from_sizes(sample_sizes, mask)
 
 
 def _normalize_dim(dim: int, ndim: int, name: str) -> int:
@@ -256,7 +206,7 @@ class RaggedBatch:
     instances and must never be modified in place.
     """
 
-    __slots__ = ("_tensor", "_layout", "_non_uniform_dim", "_num_batch_dims")
+    __slots__ = ("_tensor", "_row_partition", "_non_uniform_dim", "_num_batch_dims")
 
     def __init__(
         self,
@@ -267,20 +217,20 @@ class RaggedBatch:
     ) -> None:
         num_batch_dims, nud = _check_batch_tensors(tensor, mask, sample_sizes, non_uniform_dim)
         self._tensor = tensor
-        self._layout = _SampleLayout(mask, sample_sizes, tensor.shape[nud])
+        self._row_partition = _partition_of(mask, sample_sizes)
         self._non_uniform_dim = nud
         self._num_batch_dims = num_batch_dims
 
     @classmethod
-    def _from_layout(
-        cls, tensor: Tensor, layout: _SampleLayout, non_uniform_dim: int, num_batch_dims: int
+    def _from_partition(
+        cls, tensor: Tensor, partition: RowPartition, non_uniform_dim: int, num_batch_dims: int
     ) -> RaggedBatch:
-        return _assemble(cls, tensor, layout, non_uniform_dim, num_batch_dims)
+        return _assemble(cls, tensor, partition, non_uniform_dim, num_batch_dims)
 
     def _derived(self, tensor: Tensor, non_uniform_dim: int | None = None) -> RaggedBatch:
-        """Same samples, new data tensor; the layout is shared."""
+        """Same samples, new data tensor; the partition is shared."""
         nud = self._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
-        return self._from_layout(tensor, self._layout, nud, self._num_batch_dims)
+        return self._from_partition(tensor, self._row_partition, nud, self._num_batch_dims)
 
     # ------------------------------------------------------------------ factories
 
@@ -421,12 +371,12 @@ class RaggedBatch:
     @property
     def mask(self) -> Tensor:
         """Bool validity mask ``(*batch_shape, max_sample_size)`` (derived lazily)."""
-        return self._layout.mask
+        return self._row_partition.mask_in(self.batch_shape, self.max_sample_size)
 
     @property
     def sample_sizes(self) -> Tensor:
         """Valid sizes ``(*batch_shape,)`` along the non-uniform dim (derived lazily)."""
-        return self._layout.sample_sizes
+        return self._row_partition.lengths_in(self.batch_shape)
 
     @property
     def non_uniform_dim(self) -> int:
@@ -451,7 +401,7 @@ class RaggedBatch:
     @property
     def total_num_entries(self) -> int:
         """Sum of all sample sizes (one host synchronization on first access, then cached)."""
-        return self._layout.total_num_entries
+        return self._row_partition.total
 
     @property
     def max_sample_size(self) -> int:
@@ -540,10 +490,7 @@ class RaggedBatch:
                 f"tensor.shape[{nud}]={tensor.shape[nud]} does not match "
                 f"max_sample_size={self.max_sample_size}"
             )
-        layout = self._layout
-        if tensor.device != layout.device:
-            layout = layout.to_device(tensor.device)
-        return self._from_layout(tensor, layout, nud, nbd)
+        return self._from_partition(tensor, self._row_partition.to(tensor.device), nud, nbd)
 
     def get_non_uniform_dimension_transposed_to(self, dim: int) -> RaggedBatch:
         """Swap the non-uniform dim with ``dim`` (a transpose); ``self`` if they are equal.
@@ -606,7 +553,17 @@ class RaggedBatch:
         self, tensor: Tensor, fn: Callable[[Tensor, int], Tensor], num_batch_dims: int
     ) -> RaggedBatch:
         nud = self._non_uniform_dim - self._num_batch_dims + num_batch_dims
-        return self._from_layout(tensor, self._layout.map_batch(fn), nud, num_batch_dims)
+        return self._from_partition(tensor, self._map_batch(fn), nud, num_batch_dims)
+
+    def _map_batch(self, fn: Callable[[Tensor, int], Tensor]) -> RowPartition:
+        """The partition after a batch-dim transform: ``fn(t, num_trailing)`` of the sizes
+        (``num_trailing == 0``) and of the mask when one is at hand (``num_trailing == 1``, the
+        sample dim trailing the batch dims)."""
+        width = self.max_sample_size
+        known = self._row_partition.cached_mask((width,))  # a mask at hand is transformed too
+        mask = None if known is None else self._row_partition.mask_in(self.batch_shape, width)
+        sizes = fn(self.sample_sizes, 0)
+        return _partition_of(None if mask is None else fn(mask, 1), sizes)
 
     def repeat_samples(
         self, num_repeats: int | Sequence[int], batch_dim: int | None = None
@@ -793,10 +750,8 @@ class RaggedBatch:
     def to(self, *args: Any, **kwargs: Any) -> RaggedBatch:
         """``self.tensor.to(*args, **kwargs)``; mask and sizes follow a device change."""
         tensor = self._tensor.to(*args, **kwargs)
-        layout = self._layout
-        if tensor.device != layout.device:
-            layout = layout.to_device(tensor.device)
-        return self._from_layout(tensor, layout, self._non_uniform_dim, self._num_batch_dims)
+        partition = self._row_partition.to(tensor.device)
+        return self._from_partition(tensor, partition, self._non_uniform_dim, self._num_batch_dims)
 
     def int(self) -> RaggedBatch:
         """Data converted to ``int32``."""
@@ -881,8 +836,8 @@ class RaggedBatch:
                 f"batch shape {tuple(self.batch_shape)} "
                 f"and size {self.max_sample_size} along dim {nud}"
             )
-        if tensor.device != self._layout.device:
-            raise ValueError(f"tensor is on {tensor.device}, expected {self._layout.device}")
+        if tensor.device != self._row_partition.device:
+            raise ValueError(f"tensor is on {tensor.device}, expected {self._row_partition.device}")
         self._tensor = tensor
 
     def split(self) -> list[Any]:

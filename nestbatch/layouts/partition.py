@@ -103,6 +103,8 @@ class RowPartition:
         self._max_shape = max_shape
         self._has_empty: bool | None = None  # see host_has_empty
         self._levels: tuple[RowPartition, ...] | None = None  # see nested
+        self._masks: dict[tuple[int, ...], Tensor] = {}  # the masks made, by padded shape
+        self._mask_source: Tensor | None = None  # (B, W): the sizes of from_sizes(mask=...)
 
     @classmethod
     def _blank(cls, batch_size: int, num_ragged_dims: int, device: torch.device | str,
@@ -246,6 +248,47 @@ class RowPartition:
         if offsets is not None:
             partition._seed(offsets=offsets)
         return partition
+
+    @classmethod
+    def from_sizes(cls, lengths: Tensor | None = None, mask: Tensor | None = None
+                   ) -> RowPartition:
+        """Partition of a batch with one ragged dim held on the device as ``lengths`` (any
+        integer dtype) and / or a prefix ``mask`` ``(..., W)``, both in a batch shape of one or
+        more dims that the partition flattens (``B`` samples: their product); the lengths are
+        counted from the mask when not given. Both are kept as given. Not checked: the caller
+        vouches that they
+        agree (the ``RaggedBatch`` API's contract); :meth:`lengths_in` / :meth:`mask_in`
+        return them."""
+        given = lengths if lengths is not None else mask
+        dims = given.shape if lengths is not None else given.shape[:-1]
+        partition = cls._blank(math.prod(dims), 1, given.device)
+        partition._seed(lengths_shaped=lengths, mask_shaped=mask)
+        if lengths is not None:
+            partition._seed(lengths=lengths if lengths.dim() == 1 else lengths.reshape(-1))
+        if mask is not None:
+            flat = mask if mask.dim() == 2 else mask.reshape(partition.batch_size, mask.shape[-1])
+            partition._masks[(mask.shape[-1],)] = flat
+            if lengths is None:
+                partition._mask_source = flat
+        return partition
+
+    def lengths_in(self, batch_shape: Sequence[int]) -> Tensor:
+        """:attr:`lengths` in a batch shape of one or more dims (whose product is ``B``): the
+        tensor :meth:`from_sizes` was given, or one view made once."""
+        return self._shaped("lengths_shaped", self.lengths, tuple(batch_shape))
+
+    def mask_in(self, batch_shape: Sequence[int], width: int) -> Tensor:
+        """The mask of padded width ``width`` in a batch shape (see :meth:`lengths_in`)."""
+        return self._shaped("mask_shaped", self.mask((width,)), (*batch_shape, width))
+
+    def _shaped(self, name: str, flat: Tensor, shape: tuple[int, ...]) -> Tensor:
+        kept = self.__dict__.get(name)
+        if kept is not None and tuple(kept.shape) == shape:
+            return kept
+        shaped = flat if tuple(flat.shape) == shape else flat.reshape(shape)
+        if not torch.compiler.is_compiling():
+            self._seed(**{name: shaped})
+        return shaped
 
     @classmethod
     def nested(cls, levels: Sequence[RowPartition]) -> RowPartition:
@@ -487,6 +530,8 @@ class RowPartition:
     @memoized
     def lengths(self) -> Tensor:
         """``(B,)`` int64: packed rows per sample, the product of each ragged shape."""
+        if self._mask_source is not None:  # built from a mask alone: its rows counted
+            return self._mask_source.sum(-1, dtype=torch.int64)
         if "offsets" in self.__dict__ or (self._shapes is None and (
                 self.num_ragged_dims == 1 or self._levels is not None)):
             return self.offsets.diff().to(torch.int64)
@@ -585,8 +630,24 @@ class RowPartition:
             Size of every ragged dim of the padded data; defaults to :attr:`max_shape`.
         """
         padded_shape = self.max_shape if padded_shape is None else tuple(padded_shape)
+        if torch.compiler.is_compiling():  # (a traced graph neither reads nor keeps the cache)
+            return self._make_mask(padded_shape)
+        mask = self._masks.get(padded_shape)
+        if mask is None:
+            mask = self._masks[padded_shape] = self._make_mask(padded_shape)
+        return mask
+
+    def _make_mask(self, padded_shape: tuple[int, ...]) -> Tensor:
         if self._levels is not None:
             return self._nested_mask(padded_shape)
+        return self._rectangular_mask(padded_shape)
+
+    def cached_mask(self, padded_shape: Sequence[int]) -> Tensor | None:
+        """The mask of ``padded_shape`` when it was given or made before, else None: reading
+        this never computes it."""
+        return self._masks.get(tuple(padded_shape))
+
+    def _rectangular_mask(self, padded_shape: tuple[int, ...]) -> Tensor:
         k = self.num_ragged_dims
         mask = None
         for d, size in enumerate(padded_shape):
@@ -697,14 +758,28 @@ class RowPartition:
             "_host_lengths_tensor": None,
             "_has_empty": None,
             "_levels": self._levels,
-            **({"offsets": self.__dict__["offsets"]} if self._shapes is None
-               and not self._sizes_on_host and self._levels is None else {}),
+            "_masks": {},
+            "_mask_source": None,
+            **self._device_source(),
         }
+
+    def _device_source(self) -> dict:
+        """The device sizes a pickled partition needs when it has neither host sizes, device
+        shapes nor levels: its offsets or lengths, and the sizes and mask as they were given."""
+        if self._shapes is not None or self._sizes_on_host or self._levels is not None:
+            return {}
+        kept = {name: self.__dict__[name] for name in ("lengths_shaped", "mask_shaped")
+                if self.__dict__.get(name) is not None}
+        if "offsets" in self.__dict__:
+            return {"offsets": self.__dict__["offsets"], **kept}
+        return {"lengths": self.lengths, **kept}
 
     def __setstate__(self, state: dict) -> None:
         # (Partitions pickled before the nested levels had a "lengths on host" flag instead.)
         state.setdefault("_sizes_on_host", state.get("_host_shapes") is not None)
         state.setdefault("_levels", None)
+        state.setdefault("_masks", {})
+        state.setdefault("_mask_source", None)
         state.pop("_lengths_on_host", None)
         self.__dict__.update(state)
 
