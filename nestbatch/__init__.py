@@ -41,16 +41,11 @@ from nestbatch.ops.interop import accept_nested_batches
 
 __version__ = "0.1.0"
 
-
-def _allow_weights_only_loading() -> None:
-    """Let ``torch.load`` (``weights_only=True``, its default) rebuild saved batches: their
-    classes hold only tensors, ints, tuples and devices, and build no code from the file."""
-    torch.serialization.add_safe_globals(
-        [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch]
-    )
-
-
-_allow_weights_only_loading()
+# ``torch.load`` (``weights_only=True``, its default) may rebuild saved batches: their classes
+# hold only tensors, ints, tuples and devices, and build no code from the file.
+torch.serialization.add_safe_globals(
+    [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch]
+)
 
 __all__ = [
     "INDEX_FILLER",

@@ -15,20 +15,29 @@ from torch import Tensor
 
 from nestbatch import conversions as convert
 from nestbatch.checks import (
-    HostSizes,
     as_index_tensor,
     as_offsets,
+    check_batch_indices,
     check_count,
+    check_device_lengths,
+    check_host_lengths_fit,
     check_host_offsets,
+    check_integer_tensor,
+    check_lengths_total,
     check_offsets_on_device,
+    check_one_of,
+    check_padding_side,
     check_prefix_mask,
+    check_ragged_dim,
     check_tensor,
+    check_values,
     checked_host_sizes,
     host_ints,
+    normalize_dim,
     read_device_values,
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
-from nestbatch.layouts.padded import check_padding_side, filler_key
+from nestbatch.layouts.padded import filler_key
 from nestbatch.tensor_methods import TensorMethods
 
 
@@ -86,24 +95,24 @@ class NestedBatch(TensorMethods):
             raise TypeError(
                 f"layout must be a Packed, Padded or TensorList, got {type(layout).__name__}"
             )
-        _check_ragged_dim(layout, ragged_dim)
-        self._ragged_dim = int(ragged_dim)
-        self._primary = layout
-        self._partition = layout.partition
-        self._cache: dict[Any, RaggedLayout] = {}
-        self._remember(layout)
+        ragged_dim = check_ragged_dim(ragged_dim, layout.num_ragged_dims, len(layout.feature_shape))
+        self._init(layout, ragged_dim)
 
     @classmethod
     def trusted(cls, layout: RaggedLayout, ragged_dim: int = 1) -> NestedBatch:
         """A batch over ``layout`` with no checks: for nestbatch's ops, which build the layout
         from a valid batch (the public constructor checks ``ragged_dim`` against it)."""
         batch = cls.__new__(cls)
-        batch._ragged_dim = ragged_dim
-        batch._primary = layout
-        batch._partition = layout.partition
-        batch._cache = {}
-        batch._remember(layout)
+        batch._init(layout, ragged_dim)
         return batch
+
+    def _init(self, layout: RaggedLayout, ragged_dim: int) -> None:
+        # Every field, set in this one place.
+        self._ragged_dim = ragged_dim
+        self._primary = layout
+        self._partition = layout.partition
+        self._cache: dict[Any, RaggedLayout] = {}
+        self._remember(layout)
 
     # ============================================================================ constructors
     @classmethod
@@ -161,13 +170,11 @@ class NestedBatch(TensorMethods):
             For lengths that are not non-negative integers, do not add up to ``len(values)``,
             or exceed ``max_len``.
         """
-        check_tensor(values, "values")
-        if values.dim() < 1:
-            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+        check_values(values)
         max_len = None if max_len is None else check_count(max_len, "max_len")
         if not isinstance(lengths, Tensor):
             host = checked_host_sizes(lengths, "lengths")
-            _check_total(host.total, host.largest, values.shape[0], max_len)
+            check_lengths_total(host.total, host.largest, values.shape[0], max_len)
             partition = RowPartition.from_host_lengths(
                 host.sizes, values.device, max_len=host.largest if max_len is None else max_len,
                 total=host.total, traceable=True, as_tensor=host.as_tensor,
@@ -176,7 +183,7 @@ class NestedBatch(TensorMethods):
         lengths = as_index_tensor(lengths, "lengths", values.device)
         partition = RowPartition.from_lengths(lengths, max_len=max_len)
         if validate:
-            _check_device_lengths(lengths, values.shape[0], max_len)
+            check_device_lengths(lengths, values.shape[0], max_len)
         partition.note_total(values.shape[0])
         return cls(Packed(values, partition=partition))
 
@@ -212,16 +219,14 @@ class NestedBatch(TensorMethods):
         max_len = None if max_len is None else check_count(max_len, "max_len")
         if not isinstance(offsets, Tensor):
             host = host_ints(offsets, "offsets")
-            if not host:
-                raise ValueError("offsets must have at least one entry (B + 1 values), got none")
-            check_host_offsets(list(host), values.shape[0] if values.dim() else 0, max_len)
+            check_host_offsets(host, values.shape[0] if values.dim() else 0, max_len)
             lengths = [b - a for a, b in zip(host, host[1:])]
             return cls.from_lengths(values, lengths, max_len=max_len)
-        if values.dim() < 1:
-            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+        check_values(values)
         offsets = as_offsets(offsets, values.device)
-        if validate:
-            check_offsets_on_device(offsets, values.shape[0], max_len)
+        if validate:  # the check reads the longest sample: kept, never read again
+            longest = check_offsets_on_device(offsets, values.shape[0], max_len)
+            max_len = longest if max_len is None else max_len
         partition = RowPartition.from_offsets(offsets, max_len=max_len, total=values.shape[0])
         return cls.trusted(Packed.trusted(values, partition))
 
@@ -248,10 +253,8 @@ class NestedBatch(TensorMethods):
         validate : bool, default True
             Check that ``row_ids`` is sorted and in ``[0, num_rows)`` (reads device values).
         """
-        check_tensor(values, "values")
-        check_tensor(row_ids, "row_ids")
-        if values.dim() < 1:
-            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+        check_values(values)
+        check_integer_tensor(row_ids, "row_ids")
         if num_rows is not None:
             num_rows = check_count(num_rows, "num_rows")
             if num_rows > _MAX_SAMPLES:
@@ -260,8 +263,6 @@ class NestedBatch(TensorMethods):
                     f"{_MAX_SAMPLES}); their lengths alone would take "
                     f"{num_rows * 8 / 2**30:.0f} GiB"
                 )
-        if row_ids.is_floating_point() or row_ids.dtype == torch.bool:
-            raise TypeError(f"row_ids must be an integer tensor, got {row_ids.dtype}")
         if row_ids.dim() != 1 or row_ids.shape[0] != values.shape[0]:
             raise ValueError(
                 f"row_ids must have shape ({values.shape[0]},) (one per row of values), got "
@@ -332,8 +333,8 @@ class NestedBatch(TensorMethods):
             Check the sizes / mask against ``data`` (reads device values).
         """
         check_tensor(data, "data")
-        if (lengths is not None) + (mask is not None) + (shape_per_sample is not None) != 1:
-            raise ValueError("give exactly one of lengths, mask or shape_per_sample")
+        if (lengths is None) + (mask is None) + (shape_per_sample is None) != 2:  # (no frame)
+            check_one_of(lengths=lengths, mask=mask, shape_per_sample=shape_per_sample)
         if mask is not None:
             check_tensor(mask, "mask")
             if mask.shape != data.shape[:2]:
@@ -341,13 +342,18 @@ class NestedBatch(TensorMethods):
                     f"mask must have shape {tuple(data.shape[:2])} (B, max_len of data), got "
                     f"{tuple(mask.shape)}"
                 )
-            if padding_side == "left":  # a suffix mask is a prefix mask read backwards
-                lengths = check_prefix_mask(mask.flip(1)) if validate else mask.sum(1)
-            else:
-                lengths = check_prefix_mask(mask) if validate else mask.sum(1)
+            prefix = mask.flip(1) if padding_side == "left" else mask  # a suffix mask, backwards
+            lengths = check_prefix_mask(prefix) if validate else mask.sum(1)
         elif lengths is not None and not isinstance(lengths, Tensor):
+            # Lengths known on the host are checked on the host: no device sync now or later.
             host = checked_host_sizes(lengths, "lengths")
-            padded = _padded_with_host_lengths(data, host, padding_value)
+            if data.dim() < 2 or len(host.sizes) != data.shape[0] or host.largest > data.shape[1]:
+                check_host_lengths_fit(data, host)  # (called to raise: no frame otherwise)
+            partition = RowPartition.from_host_lengths(
+                host.sizes, data.device, max_len=host.largest, total=host.total, traceable=True,
+                as_tensor=host.as_tensor,
+            )
+            padded = Padded.trusted(data, partition, padding_value)
             if padding_side != "right":
                 check_padding_side(padding_side, 1)
                 padded.padding_side = padding_side
@@ -366,6 +372,8 @@ class NestedBatch(TensorMethods):
 
     # ============================================================================ layouts
     def _remember(self, layout: RaggedLayout) -> None:
+        """Cache the layout the batch is built on, under its key (:meth:`_keep` caches a
+        converted one, unless autograd recorded it)."""
         if isinstance(layout, Padded):
             filler = layout.padding_value
             key = PaddedKey(None if filler is None else filler_key(filler), layout.padding_side)
@@ -378,7 +386,9 @@ class NestedBatch(TensorMethods):
     @property
     def layout(self) -> Layout:
         """The layout the batch was built in."""
-        return _kind(self._primary)
+        if isinstance(self._primary, Packed):
+            return Layout.PACKED
+        return Layout.PADDED if isinstance(self._primary, Padded) else Layout.LIST
 
     @property
     def materialized_layouts(self) -> tuple[Layout, ...]:
@@ -388,9 +398,7 @@ class NestedBatch(TensorMethods):
 
     def has_layout(self, kind: Layout) -> bool:
         """Whether a layout of ``kind`` is already computed (and cached) for this batch."""
-        if kind is Layout.PADDED:
-            return any(_right_padded(key) for key in self._cache)
-        return kind in self._cache
+        return cached_layout(self, kind) is not None
 
     def packed(self) -> Packed:
         """The batch as :class:`~nestbatch.layouts.Packed` (converted once, then cached; see
@@ -525,13 +533,9 @@ class NestedBatch(TensorMethods):
     def _list_source(self) -> RaggedLayout:
         # Samples are cut from packed rows or right-padded data: a cached layout of those kinds
         # first, then the primary one.
-        packed = self._cache.get(Layout.PACKED)
-        if packed is not None:
-            return packed
-        for key, layout in self._cache.items():
-            if _right_padded(key):
-                return layout
-        return self._primary
+        cached = self._cache.get(Layout.PACKED)
+        cached = cached_layout(self, Layout.PADDED) if cached is None else cached
+        return self._primary if cached is None else cached
 
     # ============================================================================ metadata
     @property
@@ -667,10 +671,7 @@ class NestedBatch(TensorMethods):
                 "a NestedBatch has no single shape; call size(i) for a regular dim, or read "
                 "lengths / shape_per_sample for the ragged ones"
             )
-        ndim = self.dim()
-        if not -ndim <= dim < ndim:
-            raise IndexError(f"dim {dim} out of range for a batch with {ndim} dims")
-        dim %= ndim
+        dim = normalize_dim(dim, self.dim())
         kind, stored = storage_dim(self, dim)
         if kind == "batch":
             return self.batch_size
@@ -700,25 +701,10 @@ class NestedBatch(TensorMethods):
                             padding_side=layout.padding_side)
             return NestedBatch(padded, rd)
         tensors = [fn(t) for t in layout.tensors]
-        return NestedBatch(
-            TensorList(
-                tensors,
-                layout.num_ragged_dims,
-                feature_shape=layout.feature_shape,
-                dtype=tensors[0].dtype if tensors else layout.dtype,
-                partition=partition,
-            ),
-            rd,
-        )
-
-    def _with_ragged_dim(self, ragged_dim: int) -> NestedBatch:
-        """The same stored data and cached layouts presented with the ragged dim at
-        ``ragged_dim`` (shares the cache, so conversions made through either serve both)."""
-        if ragged_dim == self._ragged_dim:
-            return self
-        out = NestedBatch(self._primary, ragged_dim)
-        out._cache = self._cache
-        return out
+        dtype = tensors[0].dtype if tensors else layout.dtype
+        listed = TensorList(tensors, layout.num_ragged_dims, feature_shape=layout.feature_shape,
+                            dtype=dtype, partition=partition)
+        return NestedBatch(listed, rd)
 
     def to(self, *args: Any, **kwargs: Any) -> NestedBatch:
         """Another layout (``to(Layout.PADDED)``), or another device / dtype, as ``Tensor.to``.
@@ -727,7 +713,8 @@ class NestedBatch(TensorMethods):
         here); ``to(device, dtype, ...)`` converts the data like :meth:`torch.Tensor.to`.
         """
         if len(args) == 1 and not kwargs and isinstance(args[0], Layout):
-            return NestedBatch(self._layout_object(args[0]), self._ragged_dim)
+            convert_to = {Layout.PACKED: self.packed, Layout.PADDED: self.padded}
+            return NestedBatch(convert_to.get(args[0], self.tensor_list)(), self._ragged_dim)
         probe = torch.empty(0, dtype=self.dtype, device=self.device).to(*args, **kwargs)
         if probe.dtype == self.dtype and probe.device == self.device and not kwargs.get("copy"):
             return self
@@ -736,13 +723,6 @@ class NestedBatch(TensorMethods):
         return self._map_primary(
             lambda t: t.to(*args, **kwargs), partition=partition, keeps_filler=keeps
         )
-
-    def _layout_object(self, layout: Layout) -> RaggedLayout:
-        if layout is Layout.PACKED:
-            return self.packed()
-        if layout is Layout.PADDED:
-            return self.padded()
-        return self.tensor_list()
 
     def cpu(self) -> NestedBatch:
         """The batch on the CPU."""
@@ -788,15 +768,13 @@ class NestedBatch(TensorMethods):
         """
         for t in self._tensors():
             t.requires_grad_(requires_grad)
-        self._cache.clear()
-        self._remember(self._primary)
+        forget_derived_layouts(self)
         return self
 
     @property
     def grad(self) -> NestedBatch | None:
         """Gradient of the stored data as a batch of the same structure (None if absent)."""
-        grads = [t.grad for t in self._tensors()]
-        if any(g is None for g in grads):
+        if any(t.grad is None for t in self._tensors()):
             return None
         return self._map_primary(lambda t: t.grad, keeps_filler=False)
 
@@ -822,28 +800,6 @@ class NestedBatch(TensorMethods):
     def map_values(self, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
         """Apply ``fn`` to the packed values (TF ``map_flat_values``); keeps the structure."""
         return self.with_values(fn(self.values))
-
-    def _sample(self, i: int) -> Tensor:
-        """Sample ``i`` in logical order, a view into the stored data (negative ``i`` counts
-        from the end): what ``batch[i]`` returns."""
-        if not -self.batch_size <= i < self.batch_size:
-            raise IndexError(f"sample index {i} out of range for batch size {self.batch_size}")
-        i %= self.batch_size
-        if self._partition.ragged_rank > 1:
-            return self._nested_sample(i)
-        layout = self._primary
-        if Layout.LIST in self._cache:
-            return self._logical(self._cache[Layout.LIST].tensors[i])
-        shape = self._partition.host_shapes[i]
-        if isinstance(layout, Packed):
-            start, stop = self._partition.host_offsets[i : i + 2]
-            return self._logical(layout.values[start:stop].view(*shape, *layout.feature_shape))
-        sample = layout.data[i]
-        if layout.padding_side == "left":
-            return self._logical(sample.narrow(0, sample.shape[0] - shape[0], shape[0]))
-        for d, size in enumerate(shape):
-            sample = sample.narrow(d, 0, size)
-        return self._logical(sample)
 
     def _nested_sample(self, i: int) -> NestedBatch:
         """Sample ``i`` (in range) of a batch of ragged rank ``r >= 2``: the batch of ragged rank
@@ -884,8 +840,11 @@ class NestedBatch(TensorMethods):
         """
         sizes = self._ragged_sizes_of(output_size)
         data = self.padded(padding, sizes, padding_side=padding_side).data
-        if sizes is None:
-            data = _narrowed_to(data, self.max_shape, padding_side)
+        if sizes is None:  # data stored padded wider: its tightest part, a view
+            for d, size in enumerate(self.max_shape, start=1):
+                if data.shape[d] > size:  # (keeping the samples' end of the padding side)
+                    start = data.shape[d] - size if padding_side == "left" else 0
+                    data = data.narrow(d, start, size)
         return data if self._ragged_dim == 1 else data.movedim(1, self._ragged_dim)
 
     def _ragged_sizes_of(self, output_size: Sequence[int | None] | None) -> list | None:
@@ -931,78 +890,60 @@ class NestedBatch(TensorMethods):
         self.__init__(state["primary"], state.get("ragged_dim", 1))
 
     def __repr__(self) -> str:
-        return _format_batch(self)
-
-
-def _narrowed_to(data: Tensor, sizes: Sequence[int], padding_side: str) -> Tensor:
-    """``data (B, *padded, *feature)`` cut to the padded ``sizes`` (a view), keeping the
-    samples' end of the padding side: the first slots, or the last ones with left padding."""
-    for d, size in enumerate(sizes, start=1):
-        if data.shape[d] > size:
-            start = data.shape[d] - size if padding_side == "left" else 0
-            data = data.narrow(d, start, size)
-    return data
-
-
-def _padded_with_host_lengths(
-    data: Tensor, host: HostSizes, padding_value: float | None
-) -> Padded:
-    # Lengths known on the host are checked on the host: no device sync now or later.
-    if data.dim() < 2 or len(host.sizes) != data.shape[0]:
-        raise ValueError(
-            f"lengths has {len(host.sizes)} entries but data has shape {tuple(data.shape)} "
-            "(expected (B, max_len, *feature) with B == len(lengths))"
+        header = (
+            f"batch_size={self.batch_size}, num_ragged_dims={self.num_ragged_dims}, "
+            f"feature_shape={tuple(self.feature_shape)}, dtype={self.dtype}, "
+            f"device={self.device}, layout={self.layout.value}"
         )
-    if host.largest > data.shape[1]:
-        raise ValueError(
-            f"lengths do not fit the padded data: largest length {host.largest} exceeds its "
-            f"max_len {data.shape[1]}"
-        )
-    partition = RowPartition.from_host_lengths(
-        host.sizes, data.device, max_len=host.largest, total=host.total, traceable=True,
-        as_tensor=host.as_tensor,
-    )
-    return Padded.trusted(data, partition, padding_value)
-
-
-def _check_total(total: int, longest: int, num_rows: int, max_len: int | None) -> None:
-    """Check the lengths' sum and largest entry against the values' rows and ``max_len``."""
-    if total != num_rows:
-        raise ValueError(f"lengths add up to {total} but values has {num_rows} rows")
-    if max_len is not None and longest > max_len:
-        raise ValueError(
-            f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
-            "layout would lose data; give the true maximum or leave max_len out"
-        )
-
-
-def _check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -> None:
-    """Check device lengths with one read of three numbers (a sync)."""
-    if lengths.numel() == 0:
-        if num_rows:
-            raise ValueError(f"lengths add up to 0 but values has {num_rows} rows")
-        return
-    stats = torch.stack([lengths.amin(), lengths.amax(), lengths.sum()])
-    smallest, longest, total = read_device_values(stats)
-    if smallest < 0:
-        # The error path reads the lengths themselves, to show them.
-        raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
-    _check_total(total, longest, num_rows, max_len)
+        if self._ragged_dim != 1:
+            header += f", ragged_dim={self._ragged_dim}, sample_shape={self.sample_shape}"
+        if self._partition.ragged_rank > 1:
+            header += f", ragged_rank={self._partition.ragged_rank}"
+        if self.requires_grad:
+            header += ", requires_grad=True"
+        shown = min(self.batch_size, 6)
+        lines = []
+        for i in range(shown):
+            text = repr(sample_of(self, i).detach()).replace("\n", "\n    ")
+            lines.append(f"    {text},")
+        if self.batch_size > shown:
+            lines.append(f"    ... ({self.batch_size - shown} more)")
+        body = "\n".join(lines)
+        return f"NestedBatch([\n{body}\n], {header})" if lines else f"NestedBatch([], {header})"
 
 
 # ================================================================ internal API for the ops
-# What nestbatch's upper layers (ops/, selection.py, ragged_batch.py) may do with a batch
+# What nestbatch's upper layers (ops/ and compat/) may do with a batch
 # beyond its public surface; they use nothing else of its internals.
 def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
-    """The cached layout of ``kind`` (for a padded one, whatever its filler), or None."""
+    """The cached layout of ``kind`` (for a padded one, whatever its filler; right-padded, the
+    only padding ops read), or None."""
     if kind is Layout.PADDED:
-        return next((lay for key, lay in batch._cache.items() if _right_padded(key)), None)
+        return next((lay for key, lay in batch._cache.items()
+                     if type(key) is PaddedKey and key.side == "right"), None)
     return batch._cache.get(kind)
 
 
 def sample_of(batch: NestedBatch, i: int) -> Tensor:
-    """Sample ``i`` of ``batch`` in logical order, a view where possible (``batch[i]``)."""
-    return batch._sample(i)
+    """Sample ``i`` of ``batch`` in logical order, a view into the stored data (negative ``i``
+    counts from the end): what ``batch[i]`` returns."""
+    check_batch_indices((i,), batch.batch_size)
+    i %= batch.batch_size
+    if batch._partition.ragged_rank > 1:
+        return batch._nested_sample(i)
+    layout = batch._primary
+    if Layout.LIST in batch._cache:
+        return batch._logical(batch._cache[Layout.LIST].tensors[i])
+    shape = batch._partition.host_shapes[i]
+    if isinstance(layout, Packed):
+        start, stop = batch._partition.host_offsets[i : i + 2]
+        return batch._logical(layout.values[start:stop].view(*shape, *layout.feature_shape))
+    sample = layout.data[i]
+    if layout.padding_side == "left":
+        return batch._logical(sample.narrow(0, sample.shape[0] - shape[0], shape[0]))
+    for d, size in enumerate(shape):
+        sample = sample.narrow(d, 0, size)
+    return batch._logical(sample)
 
 
 def stored_layout(batch: NestedBatch) -> RaggedLayout:
@@ -1022,8 +963,13 @@ def map_stored(batch: NestedBatch, fn: Callable[[Tensor], Tensor]) -> NestedBatc
 
 
 def with_ragged_dim(batch: NestedBatch, ragged_dim: int) -> NestedBatch:
-    """The same data presented with the ragged dim at ``ragged_dim`` (shares the cache)."""
-    return batch._with_ragged_dim(ragged_dim)
+    """The same data presented with the ragged dim at ``ragged_dim`` (shares the cache, so
+    conversions made through either serve both)."""
+    if ragged_dim == batch._ragged_dim:
+        return batch
+    out = NestedBatch(batch._primary, ragged_dim)
+    out._cache = batch._cache
+    return out
 
 
 def storage_dim(batch: NestedBatch, dim: int) -> tuple[str, int]:
@@ -1055,54 +1001,3 @@ def moved_ragged_error(batch: NestedBatch, what: str, detail: str = "") -> Value
         f"{what} is not supported with the ragged dim at logical dim {batch.ragged_dim}{extra}; "
         f"transpose the ragged dim back to dim 1 first (e.g. x.transpose(1, {batch.ragged_dim}))"
     )
-
-
-def _check_ragged_dim(layout: RaggedLayout, ragged_dim: int) -> None:
-    if not isinstance(ragged_dim, int) or isinstance(ragged_dim, bool):
-        raise TypeError(f"ragged_dim must be an int, got {type(ragged_dim).__name__}")
-    if ragged_dim == 1:
-        return
-    if layout.num_ragged_dims != 1:
-        raise ValueError(
-            f"ragged_dim={ragged_dim}: a batch with {layout.num_ragged_dims} ragged dims keeps "
-            "them leading (dims 1..k); only a batch with one ragged dim can move it"
-        )
-    last = 1 + len(layout.feature_shape)
-    if not 1 <= ragged_dim <= last:
-        raise ValueError(f"ragged_dim={ragged_dim} out of range [1, {last}] for this batch")
-
-
-def _right_padded(key: Any) -> bool:
-    """Whether a cache key is a right-padded layout's (the only padding ops read)."""
-    return type(key) is PaddedKey and key.side == "right"
-
-
-def _kind(layout: RaggedLayout) -> Layout:
-    if isinstance(layout, Packed):
-        return Layout.PACKED
-    if isinstance(layout, Padded):
-        return Layout.PADDED
-    return Layout.LIST
-
-
-def _format_batch(batch: NestedBatch, max_samples: int = 6) -> str:
-    header = (
-        f"batch_size={batch.batch_size}, num_ragged_dims={batch.num_ragged_dims}, "
-        f"feature_shape={tuple(batch.feature_shape)}, dtype={batch.dtype}, "
-        f"device={batch.device}, layout={batch.layout.value}"
-    )
-    if batch.ragged_dim != 1:
-        header += f", ragged_dim={batch.ragged_dim}, sample_shape={batch.sample_shape}"
-    if batch.partition.ragged_rank > 1:
-        header += f", ragged_rank={batch.partition.ragged_rank}"
-    if batch.requires_grad:
-        header += ", requires_grad=True"
-    shown = min(batch.batch_size, max_samples)
-    lines = []
-    for i in range(shown):
-        text = repr(batch._sample(i).detach()).replace("\n", "\n    ")
-        lines.append(f"    {text},")
-    if batch.batch_size > shown:
-        lines.append(f"    ... ({batch.batch_size - shown} more)")
-    body = "\n".join(lines)
-    return f"NestedBatch([\n{body}\n], {header})" if lines else f"NestedBatch([], {header})"

@@ -1,8 +1,14 @@
-"""Argument checks shared by the layouts, conversions and constructors.
+"""Argument checks of the package above the kernels: every message written once.
 
-Every check raises a ``ValueError`` or ``TypeError`` that names the argument, what was expected
-and what was given. Checks that must read device values say so: they synchronize with the
-device, which is why constructors take ``validate=False`` for trusted input.
+The kernels' own checks (tensors, types, dtypes, counts, fillers, devices, ``out=`` and the one
+bounds check of ragged indices) live in :mod:`nestbatch.kernels.checks`, a leaf, and are
+re-exported here; this module adds the checks of sizes, offsets, masks, dims and the
+constructors' arguments (``NestedBatch``, the layouts, ``RaggedBatch``). What stays beside an
+op is only what needs the op's own objects (e.g. attention's operand shapes).
+
+Every check raises a ``ValueError``, ``TypeError`` or ``IndexError`` that names the argument,
+what was expected and what was given. Checks that must read device values say so: they
+synchronize with the device, which is why constructors take ``validate=False`` for trusted input.
 """
 
 from __future__ import annotations
@@ -10,24 +16,87 @@ from __future__ import annotations
 import array
 import operator
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from nestbatch.kernels.checks import check_count, check_filler
+from nestbatch.kernels.checks import (
+    check_bool,
+    check_count,
+    check_filler,
+    check_index_dtype,
+    check_same_device,
+    check_tensor,
+    check_type,
+    check_valid_slots,
+    negative_error,
+)
 from nestbatch.kernels.dispatch import making_fake_tensors
 from nestbatch.kernels.torch_impl import sizes_mask
 
 # Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
-__all__ = ["check_count", "check_filler"]
+__all__ = [
+    "check_bool", "check_count", "check_filler", "check_index_dtype", "check_same_device",
+    "check_tensor", "check_type", "check_valid_slots",
+]
 
 
-def check_tensor(value: object, name: str) -> Tensor:
-    """Raise ``TypeError`` unless ``value`` is a tensor."""
-    if not isinstance(value, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+def check_integer_tensor(value: object, name: str, ndim: int | None = None,
+                         shape: str = "") -> Tensor:
+    """``value`` if it is an integer tensor (any integer dtype) of ``ndim`` dims.
+
+    Raises
+    ------
+    TypeError
+        For something that is not a tensor, or a float, complex or bool tensor.
+    ValueError
+        For another number of dims (the message spells the expected ``shape``).
+    """
+    check_tensor(value, name)
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {value.dtype}")
+    if ndim is not None and value.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-d {shape}, got shape {tuple(value.shape)}")
     return value
+
+
+def check_values(values: object, name: str = "values") -> Tensor:
+    """``values`` if it is a tensor ``(total, *feature)`` (at least one dim)."""
+    if not isinstance(values, Tensor):
+        check_tensor(values, name)
+    if values.dim() < 1:
+        raise ValueError(f"{name} must have at least one dim (total, *feature), got a scalar")
+    return values
+
+
+def check_one_of(**given: object) -> None:
+    """Raise unless exactly one of the keyword arguments is not ``None``."""
+    count = 0
+    for value in given.values():  # (a loop: no generator frame on every constructor call)
+        count += value is not None
+    if count != 1:
+        *first, last = given
+        raise ValueError(f"give exactly one of {', '.join(first)} or {last}")
+
+
+def normalize_dim(dim: object, ndim: int, name: str = "dim") -> int:
+    """``dim`` in ``[0, ndim)`` (negative dims count from the end).
+
+    Raises
+    ------
+    TypeError
+        If ``dim`` is not an int.
+    IndexError
+        If ``dim`` is out of range.
+    """
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    if not -ndim <= dim < ndim:
+        raise IndexError(
+            f"{name}={dim} out of range for {ndim} dims (expected in [{-ndim}, {ndim - 1}])"
+        )
+    return dim % ndim
 
 
 def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.device) -> Tensor:
@@ -38,19 +107,11 @@ def as_index_tensor(value: Tensor | Sequence[int], name: str, device: torch.devi
     """
     if not isinstance(value, Tensor):
         value = torch.tensor(host_ints(value, name), dtype=torch.int64).reshape(-1)
-    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {value.dtype}")
-    if value.dim() != 1:
-        raise ValueError(f"{name} must be 1-d, got shape {tuple(value.shape)}")
+    check_integer_tensor(value, name, 1)
     return value.to(device=device, dtype=torch.int64)
 
 
 _INT_TYPE = {int}
-
-
-def _plain_ints(value: object) -> bool:
-    """Whether ``value`` is a list or tuple of Python ints (checked at C speed)."""
-    return type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE
 
 
 def host_ints(value: object, name: str) -> tuple[int, ...]:
@@ -64,8 +125,8 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
     TypeError
         If ``value`` is not a sequence of integers.
     """
-    if _plain_ints(value):
-        return tuple(value)  # the common case, checked at C speed (no loop in Python)
+    if type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE:
+        return tuple(value)  # a list or tuple of ints, checked at C speed (no loop in Python)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(
             f"{name} must be a sequence of ints or a 1-d integer tensor, got "
@@ -114,7 +175,7 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
     ValueError
         If a size is negative, or too large for int64.
     """
-    # _plain_ints, inline: this is on every batch built from host sizes (about 1 us a call)
+    # host_ints' first test, inline: this is on every batch built from host sizes (~1 us a call)
     if type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE:
         sizes = tuple(value)
     else:
@@ -130,7 +191,7 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
         low, high = torch.aminmax(tensor)
         smallest, largest, total = int(low), int(high), int(tensor.sum())
     if smallest < 0:
-        raise ValueError(f"{name} must be non-negative, got {smallest} in {list(sizes)}")
+        raise negative_error(name, f"{smallest} in {list(sizes)}")
     return tuple.__new__(HostSizes, (sizes, total, largest, tensor))  # (no __new__ frame)
 
 
@@ -145,20 +206,17 @@ def read_device_values(values: Tensor) -> list:
 def as_offsets(offsets: object, device: torch.device, name: str = "offsets") -> Tensor:
     """``offsets`` as a 1-d int64 tensor on ``device`` (int32 is widened; a copy only when the
     dtype or device differs). Checks the type and shape, not the values."""
-    check_tensor(offsets, name)
-    if offsets.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {offsets.dtype}")
-    if offsets.dim() != 1:
-        raise ValueError(f"{name} must be 1-d (B + 1,), got shape {tuple(offsets.shape)}")
+    check_integer_tensor(offsets, name, 1, "(B + 1,)")
     if offsets.dtype is torch.int64 and offsets.device == device:
         return offsets
     return offsets.to(device=device, dtype=torch.int64)
 
 
 def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | None = None,
-                            name: str = "offsets") -> None:
+                            name: str = "offsets") -> int:
     """Check device ``offsets`` ``(B + 1,)``: start at 0, never decrease, end at ``num_values``,
-    and (when ``max_len`` is given) no sample longer than ``max_len``.
+    and (when ``max_len`` is given) no sample longer than ``max_len``. Returns the longest
+    sample's length (read anyway: a caller keeps it and need not read it again).
 
     Costs four small device ops and one read of two numbers (one synchronization): the chain
     ``[o_0, 0, o_0, o_1, ..., o_B, n, o_B]`` has all its steps in ``[0, max_len]`` exactly when
@@ -170,8 +228,7 @@ def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | Non
     if count == 0:
         raise ValueError(f"{name} must have at least one entry (B + 1 values), got an empty tensor")
     if count <= _HOST_CHECKED and offsets.is_cpu:
-        check_host_offsets(offsets.tolist(), num_values, max_len, name)  # host memory: no sync
-        return
+        return check_host_offsets(offsets.tolist(), num_values, max_len, name)  # no sync
     ends = torch.tensor([0, num_values], dtype=offsets.dtype, device=offsets.device)
     chain = torch.cat([offsets[:1], ends[:1], offsets, ends[1:], offsets[-1:]] * 2)
     length = offsets.numel() + 4
@@ -181,13 +238,9 @@ def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | Non
     smallest = -negated_smallest
     limit = num_values if max_len is None else max_len
     if smallest >= 0 and largest <= limit:
-        return
-    check_offsets(offsets, num_values, name)
-    longest = int(offsets.diff().max()) if offsets.numel() > 1 else 0
-    raise ValueError(
-        f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
-        "layout would lose data; give the true maximum or leave max_len out"
-    )
+        return largest  # (valid offsets: the chain's largest step is the longest sample)
+    # The error path reads the offsets themselves, to say what is wrong.
+    return check_host_offsets(read_device_values(offsets), num_values, max_len, name)
 
 
 #: Host offsets up to this many entries are checked in Python (cheaper than four tensor ops).
@@ -195,9 +248,12 @@ _HOST_CHECKED = 1024
 
 
 def check_host_offsets(
-    offsets: list[int], num_values: int, max_len: int | None, name: str = "offsets"
-) -> None:
-    """The checks of :func:`check_offsets_on_device` on host offsets (no device involved)."""
+    offsets: Sequence[int], num_values: int, max_len: int | None, name: str = "offsets"
+) -> int:
+    """The checks of :func:`check_offsets_on_device` on host offsets (no device involved);
+    returns the longest sample's length."""
+    if not offsets:
+        raise ValueError(f"{name} must have at least one entry (B + 1 values), got none")
     steps = list(map(operator.sub, offsets[1:], offsets[:-1]))
     if offsets[0] != 0:
         raise ValueError(f"{name} must start at 0, got {offsets[0]}")
@@ -206,64 +262,55 @@ def check_host_offsets(
             f"{name} must end at the number of values ({num_values}), got {offsets[-1]}"
         )
     if steps and min(steps) < 0:
-        raise ValueError(f"{name} must be non-decreasing, got {offsets}")
-    if max_len is not None and steps and max(steps) > max_len:
+        raise ValueError(f"{name} must be non-decreasing, got {list(offsets)}")
+    longest = max(steps, default=0)
+    check_max_len(longest, max_len)
+    return longest
+
+
+def check_max_len(longest: int, max_len: int | None) -> None:
+    """Raise if a ``max_len`` was given and the longest sample exceeds it."""
+    if max_len is not None and longest > max_len:
         raise ValueError(
-            f"max_len={max_len} is smaller than the longest sample ({max(steps)} rows): the "
-            "padded layout would lose data; give the true maximum or leave max_len out"
+            f"max_len={max_len} is smaller than the longest sample ({longest} rows): the padded "
+            "layout would lose data; give the true maximum or leave max_len out"
         )
 
 
-def check_offsets(offsets: Tensor, num_values: int, name: str = "offsets") -> None:
-    """Check that ``offsets`` start at 0, never decrease and end at ``num_values``.
-
-    Reads device values (synchronizes; :func:`check_offsets_on_device` is the one-read check
-    of the hot path, this one names the failure).
-    """
-    if offsets.numel() == 0:
-        raise ValueError(f"{name} must have at least one entry (B + 1 values), got an empty tensor")
-    first, last = int(offsets[0]), int(offsets[-1])
-    if first != 0:
-        raise ValueError(f"{name} must start at 0, got {first}")
-    if last != num_values:
-        raise ValueError(
-            f"{name} must end at the number of values ({num_values}), got {last}"
-        )
-    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError(f"{name} must be non-decreasing, got {offsets.tolist()}")
+def check_lengths_total(total: int, longest: int, num_rows: int, max_len: int | None) -> None:
+    """Check the lengths' sum and largest entry against the values' rows and ``max_len``."""
+    if total != num_rows:
+        raise ValueError(f"lengths add up to {total} but values has {num_rows} rows")
+    if max_len is not None and longest > max_len:  # (tested here: no frame on every batch)
+        check_max_len(longest, max_len)
 
 
-def check_non_negative(sizes: Tensor, name: str, total: int | None = None) -> None:
-    """Check that no entry of ``sizes`` ``(B, k)`` is negative and (with ``total``) that their
-    per-sample products add up to ``total``: one read of two numbers (a sync on a device;
-    host work for a CPU tensor)."""
-    if sizes.numel() == 0:
-        if total:
-            raise ValueError(f"{name} describes 0 rows but values has {total}")
-        return
-    counted = sizes.prod(-1).sum() if total is not None else sizes.new_zeros(())
-    negative, rows = read_device_values(torch.stack([(sizes < 0).any().to(counted.dtype),
-                                                     counted]))
+def check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -> None:
+    """:func:`check_lengths_total` (and signs) of device lengths: one read of three numbers (a
+    sync)."""
+    smallest, longest, total = 0, 0, 0
+    if lengths.numel():  # (amin and amax refuse an empty tensor)
+        stats = torch.stack([lengths.amin(), lengths.amax(), lengths.sum()])
+        smallest, longest, total = read_device_values(stats)
+    if smallest < 0:
+        # The error path reads the lengths themselves, to show them.
+        raise negative_error("lengths", lengths.tolist())
+    check_lengths_total(total, longest, num_rows, max_len)
+
+
+def check_non_negative(sizes: Tensor, name: str, total: int) -> None:
+    """Check that no entry of ``sizes`` ``(B, k)`` is negative and that their per-sample
+    products add up to ``total``: one read of two numbers (a sync on a device; host work for a
+    CPU tensor; none for no sizes)."""
+    negative, rows = 0, 0
+    if sizes.numel():
+        counted = sizes.prod(-1).sum()
+        flags = torch.stack([(sizes < 0).any().to(counted.dtype), counted])
+        negative, rows = read_device_values(flags)
     if negative:
-        raise ValueError(f"{name} must be non-negative, got {sizes.tolist()}")
-    if total is not None and rows != total:
+        raise negative_error(name, sizes.tolist())
+    if rows != total:
         raise ValueError(f"{name} describes {rows} rows but values has {total}")
-
-
-def check_fits(sizes: Tensor, capacity: Sequence[int], name: str) -> None:
-    """Check that per-sample ragged sizes ``(B, k)`` are non-negative and fit a padded shape
-    ``capacity``: one read (a sync on a device; host work for a CPU tensor)."""
-    if sizes.numel() == 0:
-        return
-    limit = torch.as_tensor(list(capacity), dtype=sizes.dtype, device=sizes.device)
-    if bool(((sizes < 0) | (sizes > limit)).any()):
-        if bool((sizes < 0).any()):  # the error path reads more, to say which
-            raise ValueError(f"{name} must be non-negative, got {sizes.tolist()}")
-        largest = sizes.amax(0).tolist()
-        raise ValueError(
-            f"{name} do not fit the padded data: largest sizes {largest} exceed its "
-            f"ragged dims {list(capacity)}"
-        )
 
 
 def check_same_feature_shape(shapes: Sequence[torch.Size], num_ragged_dims: int, name: str) -> None:
@@ -353,8 +400,7 @@ def check_prefix_mask(mask: Tensor, name: str = "mask") -> Tensor:
     A prefix mask is True on the first ``length`` slots of each row and False after them.
     Reads device values (one synchronization).
     """
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name} must be a bool tensor, got {mask.dtype}")
+    check_bool(mask, name)
     if mask.dim() != 2:
         raise ValueError(f"{name} must have shape (B, max_len), got {tuple(mask.shape)}")
     lengths = mask.sum(1, dtype=torch.int64)
@@ -365,3 +411,195 @@ def check_prefix_mask(mask: Tensor, name: str = "mask") -> Tensor:
             f"{name} must be a prefix mask (True then False along each row); rows {bad} are not"
         )
     return lengths
+
+
+def check_padding_side(side: object, num_ragged_dims: int) -> str:
+    """``side`` if it is ``"right"`` or ``"left"`` (the latter with one ragged dim)."""
+    if side not in ("right", "left"):
+        raise ValueError(f'padding_side must be "right" or "left", got {side!r}')
+    if side == "left" and num_ragged_dims != 1:
+        raise ValueError(
+            f'padding_side="left" needs one ragged dim (as pad_sequence), got {num_ragged_dims}'
+        )
+    return side
+
+
+def check_ragged_dim(ragged_dim: object, num_ragged_dims: int, num_feature_dims: int) -> int:
+    """``ragged_dim``: 1, or for a batch with one ragged dim any of ``1 .. 1 + features``."""
+    if not isinstance(ragged_dim, int) or isinstance(ragged_dim, bool):
+        raise TypeError(f"ragged_dim must be an int, got {type(ragged_dim).__name__}")
+    if ragged_dim != 1 and num_ragged_dims != 1:
+        raise ValueError(
+            f"ragged_dim={ragged_dim}: a batch with {num_ragged_dims} ragged dims keeps "
+            "them leading (dims 1..k); only a batch with one ragged dim can move it"
+        )
+    if not 1 <= ragged_dim <= 1 + num_feature_dims:
+        raise ValueError(
+            f"ragged_dim={ragged_dim} out of range [1, {1 + num_feature_dims}] for this batch"
+        )
+    return ragged_dim
+
+
+def check_padded_sizes(data: Tensor, sizes: Tensor, name: str, read_values: bool = True) -> None:
+    """Check per-sample sizes ``(B, k)`` against padded ``data (B, *padded, *feature)``: one
+    per sample and, with ``read_values``, non-negative and fitting the padded dims (one read: a
+    sync on a device, host work for host sizes)."""
+    if sizes.shape[0] != data.shape[0]:
+        raise ValueError(
+            f"{name} has {sizes.shape[0]} samples but data has batch size {data.shape[0]}"
+        )
+    k = sizes.shape[1]
+    if data.dim() < 1 + k:
+        raise ValueError(
+            f"data must have at least {1 + k} dims for {k} ragged dim(s), got {tuple(data.shape)}"
+        )
+    if not read_values or sizes.numel() == 0:
+        return
+    capacity = list(data.shape[1 : 1 + k])
+    limit = torch.as_tensor(capacity, dtype=sizes.dtype, device=sizes.device)
+    if bool(((sizes < 0) | (sizes > limit)).any()):
+        if bool((sizes < 0).any()):  # the error path reads more, to say which
+            raise negative_error(name, sizes.tolist())
+        raise ValueError(
+            f"{name} do not fit the padded data: largest sizes {sizes.amax(0).tolist()} exceed "
+            f"its ragged dims {capacity}"
+        )
+
+
+def check_host_lengths_fit(data: Tensor, lengths: HostSizes) -> None:
+    """Check lengths known on the host against padded ``data (B, max_len, *feature)``, on the
+    host (no device read)."""
+    if data.dim() < 2 or len(lengths.sizes) != data.shape[0]:
+        raise ValueError(
+            f"lengths has {len(lengths.sizes)} entries but data has shape {tuple(data.shape)} "
+            "(expected (B, max_len, *feature) with B == len(lengths))"
+        )
+    if lengths.largest > data.shape[1]:
+        raise ValueError(
+            f"lengths do not fit the padded data: largest length {lengths.largest} exceeds its "
+            f"max_len {data.shape[1]}"
+        )
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def check_ragged_batch_args(
+    tensor: object, mask: object, sample_sizes: object, non_uniform_dim: int | None
+) -> tuple[int, int]:
+    """Check the arguments of a ``RaggedBatch``: ``tensor (*batch_shape, ..., N, ...)`` with
+    a ``mask (*batch_shape, N)`` and / or ``sample_sizes (*batch_shape,)``.
+
+    Returns
+    -------
+    tuple of int
+        ``(num_batch_dims, non_uniform_dim)``, the latter normalized.
+    """
+    check_tensor(tensor, "tensor")
+    if mask is None and sample_sizes is None:
+        raise ValueError("at least one of mask or sample_sizes must be given")
+    if mask is not None:
+        if type(mask) is not Tensor or mask.dtype != torch.bool:
+            check_bool(check_tensor(mask, "mask"), "mask")
+        if mask.dim() < 2:
+            raise ValueError(
+                "mask must have at least 2 dims (*batch_shape, max_sample_size), "
+                f"got shape {tuple(mask.shape)}"
+            )
+    if sample_sizes is not None:
+        if type(sample_sizes) is not Tensor or sample_sizes.dtype not in _INDEX_DTYPES:
+            check_integer_tensor(sample_sizes, "sample_sizes")
+        if sample_sizes.dim() < 1:
+            raise ValueError("sample_sizes must have at least 1 dim (*batch_shape,), got a scalar")
+    num_batch_dims = mask.dim() - 1 if mask is not None else sample_sizes.dim()
+    if mask is not None and sample_sizes is not None and mask.shape[:-1] != sample_sizes.shape:
+        raise ValueError(
+            f"mask batch shape {tuple(mask.shape[:-1])} does not match "
+            f"sample_sizes shape {tuple(sample_sizes.shape)}"
+        )
+    if tensor.dim() <= num_batch_dims:
+        raise ValueError(
+            f"tensor must have more than num_batch_dims={num_batch_dims} dims, "
+            f"got shape {tuple(tensor.shape)}"
+        )
+    nud = num_batch_dims
+    if non_uniform_dim is not None:
+        nud = normalize_dim(non_uniform_dim, tensor.dim(), "non_uniform_dim")
+        check_non_uniform_dim(nud, num_batch_dims)
+    batch_shape = tensor.shape[:num_batch_dims]
+    for name, other in (("mask", mask), ("sample_sizes", sample_sizes)):
+        # (Tested here, the checks called only to raise: this runs on every RaggedBatch made.)
+        if other is not None and other.shape[:num_batch_dims] != batch_shape:
+            check_batch_shape(name, other.shape[:num_batch_dims], batch_shape,
+                              "tensor batch shape")
+        if other is not None and other.device != tensor.device:
+            check_same_device(tensor, "tensor", **{name: other})
+    if mask is not None and mask.shape[-1] != tensor.shape[nud]:
+        raise ValueError(
+            f"mask width {mask.shape[-1]} does not match "
+            f"tensor.shape[non_uniform_dim={nud}]={tensor.shape[nud]}"
+        )
+    return num_batch_dims, nud
+
+
+def check_batch_shape(name: str, shape: Sequence[int], expected: Sequence[int],
+                      expected_name: str = "expected") -> None:
+    """Raise unless the batch shape of ``name`` is ``expected`` (tuples or ``torch.Size``)."""
+    if tuple(shape) != tuple(expected):
+        raise ValueError(
+            f"{name} batch shape {tuple(shape)} does not match {expected_name} {tuple(expected)}"
+        )
+
+
+def check_batch_dim(batch_dim: object, num_batch_dims: int, name: str = "batch_dim") -> int:
+    """``batch_dim`` if it is one of the ``num_batch_dims`` batch dims (counted from 0)."""
+    if not isinstance(batch_dim, int) or not 0 <= batch_dim < num_batch_dims:
+        raise ValueError(f"{name} must be in [0, {num_batch_dims}), got {batch_dim}")
+    return batch_dim
+
+
+def check_non_uniform_dim(dim: int, num_batch_dims: int, name: str = "non_uniform_dim") -> int:
+    """``dim`` if, normalized, it is not one of the ``num_batch_dims`` batch dims."""
+    if dim < num_batch_dims:
+        raise ValueError(f"{name} must not be one of the {num_batch_dims} batch dims, got {dim}")
+    return dim
+
+
+def check_batch_indices(indices: Sequence[int], batch_size: int) -> None:
+    """Raise ``IndexError`` naming the first of host sample ``indices`` outside the batch
+    (negative ones count from the end)."""
+    bad = [i for i in indices if not -batch_size <= i < batch_size]
+    if bad:
+        raise IndexError(f"batch index {bad[0]} is out of range for batch size {batch_size}")
+
+
+def check_index_batch(indices: Any, name: str, kind: type) -> Any:
+    """``indices`` if it is an int32 / int64 ragged batch of type ``kind`` (a ``RaggedBatch``,
+    read through its ``dtype``, ``num_batch_dims``, ``dim()``) of shape ``(*batch_shape,
+    max_num_indices)``."""
+    check_index_dtype(check_type(indices, name, kind), name)
+    if indices.dim() != indices.num_batch_dims + 1:
+        raise ValueError(
+            f"{name} must have shape (*batch_shape, max_num_indices) with "
+            f"{indices.num_batch_dims} batch dims, got shape {tuple(indices.shape)}"
+        )
+    return indices
+
+
+def check_same_dtype(name: str, value: Any, ref_name: str, ref: Any) -> None:
+    """Raise ``TypeError`` unless ``value`` and ``ref`` (tensors or batches) share a dtype."""
+    if value.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {value.dtype} but {ref_name} has dtype {ref.dtype}")
+
+
+def check_tensor_sequence(value: object, name: str = "tensors", items: bool = True
+                          ) -> Sequence[Tensor]:
+    """``value`` if it is a list or tuple (any sequence but a tensor) whose items (checked
+    unless ``items`` is False: a caller that checks them itself) are tensors."""
+    if type(value) not in (list, tuple) and (  # (the ABC check costs ~1 us: not first)
+        isinstance(value, Tensor) or not isinstance(value, Sequence)
+    ):
+        raise TypeError(f"{name} must be a list or tuple of tensors, got {type(value).__name__}")
+    for i, item in enumerate(value if items else ()):
+        check_tensor(item, f"{name}[{i}]")
+    return value

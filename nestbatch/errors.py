@@ -77,9 +77,10 @@ def reference_compatible(fn: F) -> F:
 
 def reference_compatible_class(cls: type) -> type:
     """Apply :func:`reference_compatible` to every method of ``cls`` (plain, class and static
-    methods, property setters) and to its constructor and item access."""
+    methods, property setters) and to its constructor and item access; private methods are
+    left bare (they serve the public ones, which convert what they raise)."""
     for name, value in list(vars(cls).items()):
-        if name.startswith("__") and name not in ("__init__", "__getitem__", "__setitem__"):
+        if name.startswith("_") and name not in ("__init__", "__getitem__", "__setitem__"):
             continue
         if isinstance(value, staticmethod):
             setattr(cls, name, staticmethod(reference_compatible(value.__func__)))

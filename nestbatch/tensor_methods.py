@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 # Concrete types first: ``isinstance`` tries them in order, and the ``Number`` ABC's check runs
-# in Python (about 1 us on this path); batches are found by ``_is_batch`` before it.
+# in Python (about 1 us on this path); batches are found before it.
 _OPERAND_TYPES = (Tensor, int, float, complex)
 _GETITEM = torch.Tensor.__getitem__  # the registry's key (bound at import: tools may patch it)
 
@@ -62,30 +62,21 @@ def _operator(name: str, reflected: bool = False, dunder: str = "") -> Callable:
     torch_reflected = getattr(torch.Tensor, f"__r{dunder}__", None) if reflected else None
 
     def operator(self: Any, other: Any) -> Any:
-        if not (isinstance(other, _OPERAND_TYPES) or _is_batch(other)
+        if not (isinstance(other, _OPERAND_TYPES) or isinstance(other, TensorMethods)
                 or isinstance(other, Number)):
             return NotImplemented
         if reflected:
             if torch_reflected is not None and not isinstance(other, (Tensor, TensorMethods)):
                 return _call(torch_reflected, self, other)
             # other <op> self: torch's function with the operands in their real order.
-            return _call_swapped(func, self, other)
+            other = torch.as_tensor(other) if isinstance(other, Number) else other
+            return type(self).__torch_function__(func, (type(self),), (other, self), {})
         return _call(func, self, other)
 
     operator.__name__ = f"__{'r' if reflected else ''}{name}__"
     order = "other <op> self" if reflected else "self <op> other"
     operator.__doc__ = f"``{order}`` with :meth:`torch.Tensor.{name}`."
     return operator
-
-
-def _call_swapped(func: Callable, self: Any, other: Any) -> Any:
-    other = torch.as_tensor(other) if isinstance(other, Number) else other
-    cls = type(self)
-    return cls.__torch_function__(func, (cls,), (other, self), {})
-
-
-def _is_batch(x: Any) -> bool:
-    return isinstance(x, TensorMethods)
 
 
 class TensorMethods:

@@ -135,7 +135,7 @@ def test_no_module_imports_another_ones_underscore_names(imports):
 #: Private attributes of the core objects: read or written only inside their own module.
 _OWNED = {
     "nestbatch/batch.py": ("_cache", "_primary", "_remember", "_keep", "_map_primary",
-                           "_with_ragged_dim", "_partition", "_ragged_dim"),
+                           "_partition", "_ragged_dim"),
     "nestbatch/layouts/partition.py": ("_max_shape", "_host_shapes", "_shapes", "_device",
                                        "_lengths_on_host", "_host_lengths_tensor",
                                        "_has_empty", "_seed"),
@@ -177,3 +177,31 @@ def test_no_answer_depends_on_who_asks():
         if frames.search(line)
     ]
     assert offenders == []
+
+
+def _error_messages() -> dict[str, list[str]]:
+    """``{message with every placeholder as {}: [where it is written]}`` for every exception
+    the package raises or returns with a string message of 20 characters or more."""
+    found: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id.endswith("Error") and node.args):
+                continue
+            first = node.args[0]
+            parts = first.values if isinstance(first, ast.JoinedStr) else [first]
+            if not all(isinstance(p, ast.Constant | ast.FormattedValue) for p in parts):
+                continue
+            text = "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in parts)
+            if isinstance(text, str) and len(text) >= 20:
+                found.setdefault(text, []).append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_every_error_message_is_written_once():
+    repeated = {text: where for text, where in _error_messages().items() if len(where) > 1}
+    assert repeated == {}, "write each message once (a check in nestbatch.checks)"
+
+
+def test_the_error_message_scan_finds_messages():
+    assert len(_error_messages()) > 200

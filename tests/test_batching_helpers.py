@@ -665,7 +665,7 @@ def test_errors_name_argument_and_shapes():
         batched_inverse_indexing_access(torch.zeros(2, 2), idx, 1)
     with pytest.raises(ValueError, match="does not match"):
         batched_index_mapping(torch.zeros(2, 3, 2), idx, idx, data)
-    with pytest.raises(TypeError, match="input_mask must have dtype torch.bool"):
+    with pytest.raises(TypeError, match=r"input_mask must be a bool tensor \(torch.bool\)"):
         batched_bool_indexing(data, data)
     with pytest.raises(ValueError, match="single batch dim"):
         batched_bool_indexing(ragged.unsqueeze_batch_dim(0), torch.ones(1, 3, dtype=torch.bool))

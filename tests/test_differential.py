@@ -32,7 +32,8 @@ same mathematical result, measured on this machine with torch 2.13:
   2.2e38 for bfloat16 ``sinh(-89)``): an element may instead equal, exactly, torch's result for
   the whole batch at once (the same op on the packed rows, or on the padded data);
 * sum / nansum / mean / prod / logsumexp accumulate: where reversing the order of the reduced
-  elements changes torch's own result (overflow: ``max + max - max``; rounding), the result
+  elements, or (sums) adding them one after another in row-major order, changes torch's own
+  result (overflow: ``max + max - max``; rounding), the result
   depends on an accumulation order nestbatch need not share, and is not compared; sums and
   means are compared within ``n * eps * sum(|x|)``, the rounding bound of adding ``n``
   numbers in any order (torch's ``sum`` over two dims of a ``(2, 3, 3, 2)`` float32 sample is
@@ -653,12 +654,34 @@ def sample_reduction(red: Reduction, sample: Tensor, dims: tuple[int, ...] | Non
             # (overflow: max + max - max; rounding), the result depends on the accumulation
             # order, which nestbatch need not share: not compared.
             ignore = ~match_mask(flipped, alternatives[0], ulps=red.ulps, scale=scale)
+            if red.name in SUMS:  # and where adding them one after another changes it
+                in_order = in_order_sum(red, sample, tuple(reduced), keepdim)
+                ignore |= ~match_mask(in_order, alternatives[0], ulps=red.ulps, scale=scale)
     return {"values": alternatives, "indices": indices, "zero_sign": same_zero_sign(signs),
             "ignore": ignore, "scale": scale}
 
 
 #: Reductions compared to the error bound of floating-point summation (see summation_scale).
 SUMS = ("sum", "nansum", "mean")
+
+
+def in_order_sum(red: Reduction, sample: Tensor, dims: tuple[int, ...],
+                 keepdim: bool | None) -> Tensor:
+    """The reduced elements added one after another in row-major order (as segment sums of
+    packed rows add them; half precision in float32, rounded once): with an overflow on the
+    way (``[[max, 0], [max, inf]]`` over both dims is nan this way, inf in torch's order) the
+    result depends on the order."""
+    x = sample.float() if sample.dtype in _WIDE else sample
+    if red.name == "nansum":
+        x = x.masked_fill(x.isnan(), 0)
+    moved = x.movedim(dims, tuple(range(len(dims))))
+    rows = moved.reshape(math.prod(moved.shape[:len(dims)]), *moved.shape[len(dims):])
+    total = rows.cumsum(0)[-1] if rows.shape[0] else rows.sum(0)
+    if red.name == "mean":
+        total = total / rows.shape[0]
+    if keepdim:
+        total = total.reshape([1 if d in dims else n for d, n in enumerate(sample.shape)])
+    return total.to(sample.dtype)
 
 
 def summation_scale(red: Reduction, sample: Tensor, dims: tuple[int, ...],

@@ -20,7 +20,8 @@ into a failure once the problem is fixed, so the entry gets removed. The meta-te
 every registered torch function, every public name of ``NestedBatch``, ``RaggedBatch``,
 ``nestbatch.__all__``, ``nestbatch.batching_helpers``, ``nestbatch.convert`` and its kaolin /
 pytorch3d / tensorflow modules has an entry or an explicit exclusion (:data:`NOT_AUDITED`),
-so new API cannot escape the audit.
+so new API cannot escape the audit. Batches of ragged rank 2 are audited through the calls in
+:data:`NESTED_CALLS` (entries ``nested: ...``).
 """
 
 from __future__ import annotations
@@ -1010,6 +1011,35 @@ audit("convert.refill_padding", lambda s: (lambda p: lambda: convert.refill_padd
 
 
 # ===================================================================== the audit itself
+# ragged rank 2: B samples of host_lengths(B) rows, row j of 1 + j % 3 values
+def _nested(s: Inputs) -> NestedBatch:
+    inner = [1 + j % 3 for j in range(s.total)]
+    lengths = [s.lengths, inner]
+    if s.device_sizes:
+        lengths = [torch.tensor(n, device="cuda") for n in lengths]
+    return NestedBatch.from_nested_row_lengths(s.dense(sum(inner), FEATURES), lengths)
+
+
+NESTED_CALLS: dict[str, Callable[[NestedBatch], Any]] = {
+    "padded": lambda b: b.padded(), "packed": lambda b: b.packed(), "mask": lambda b: b.mask,
+    "values": lambda b: b.values, "flat_values": lambda b: b.flat_values,
+    "to_padded_tensor": lambda b: b.to_padded_tensor(0.0), "unbind": lambda b: b.unbind(),
+    "tolist": lambda b: b.tolist(), "b + b": lambda b: b + b, "b * 2": lambda b: b * 2,
+    "torch.exp": torch.exp, "b.add_(1)": lambda b: b.add_(1),
+    "sum [outer level]": lambda b: b.sum(1), "sum [inner level]": lambda b: b.sum(2),
+    "sum [both levels]": lambda b: b.sum((1, 2)), "amax [inner level]": lambda b: b.amax(2),
+    "mean [outer level]": lambda b: b.mean(1), "sum [feature]": lambda b: b.sum(-1),
+    "b[0]": lambda b: b[0], "b[:, :2]": lambda b: b[:, :2], "b[:, 1:]": lambda b: b[:, 1:],
+    "b[[0, 2]]": lambda b: b[[0, 2]], "torch.cat": lambda b: torch.cat([b, b]),
+    "nested_row_lengths": lambda b: b.nested_row_lengths(),
+}
+PER_SAMPLE.add("nested: unbind")
+EXCEPTIONS["nested: tolist"] = _PYTHON_DATA
+for _name, _call in NESTED_CALLS.items():
+    audit(f"nested: {_name}", lambda s, f=_call: (lambda b: lambda: f(b))(_nested(s)),
+          device=True)
+
+
 def run(name: str, batch_size: int) -> Trace:
     torch.manual_seed(0)  # (random masks and indices: the same at every run)
     with fake_cuda():

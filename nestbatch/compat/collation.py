@@ -11,6 +11,7 @@ nothing. Other leaves (numbers, strings, NumPy arrays) go to ``default_collate``
 from __future__ import annotations
 
 import collections.abc
+import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.utils.data import default_collate, get_worker_info
 
 from nestbatch.batch import NestedBatch
 from nestbatch.compat.factories import nest
+from nestbatch.compat.torch_formats import infer_ragged_dims
 from nestbatch.layouts import Packed, RowPartition
 
 
@@ -94,9 +96,7 @@ def _collate_tensors(samples: list[Tensor], force: bool) -> Tensor | NestedBatch
             "ragged samples must have the same number of dims (at least 1), got shapes "
             f"{[tuple(s) for s in shapes]}"
         )
-    varying = [d for d in range(ndim) if len({shape[d] for shape in shapes}) > 1]
-    k = max(varying, default=0) + 1
-    return pack(samples, k)
+    return pack(samples, infer_ragged_dims(shapes))
 
 
 def pack(samples: Sequence[Tensor], num_ragged_dims: int = 1) -> NestedBatch:
@@ -140,10 +140,7 @@ def _output_buffer(like: Tensor, shape: tuple[int, ...]) -> Tensor:
     if get_worker_info() is None:
         return like.new_empty(shape)
     # In a worker: allocate in shared memory so the batch crosses to the main process by handle.
-    numel = 1
-    for size in shape:
-        numel *= size
-    storage = like._typed_storage()._new_shared(numel, device=like.device)
+    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
     return like.new(storage).resize_(shape)
 
 

@@ -17,6 +17,7 @@ that holds it (summed over the ranks that used it), as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,8 +54,7 @@ def _check_agree(descriptions: Sequence[dict | None]) -> dict:
     present = [(r, d) for r, d in enumerate(descriptions) if d is not None]
     holding = [(r, d) for r, d in present if d["shapes"]]
     first_rank, first = (holding or present)[0]
-    present = holding
-    for rank, d in present[1:]:
+    for rank, d in holding[1:]:
         for key in ("k", "feature", "dtype"):
             if d[key] != first[key]:
                 raise ValueError(
@@ -73,13 +73,7 @@ def _local_rows(batch: NestedBatch, agreed: dict, rows: int, device: torch.devic
 
 
 def _rows(description: dict) -> int:
-    total = 0
-    for shape in description["shapes"]:
-        n = 1
-        for s in shape:
-            n *= s
-        total += n
-    return total
+    return sum(math.prod(shape) for shape in description["shapes"])
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -88,8 +82,7 @@ def _dtype(name: str) -> torch.dtype:
 
 def _device(group: Any) -> torch.device:
     """The device tensor collectives of ``group``'s backend take."""
-    backend = dist.get_backend(group)
-    if backend == "nccl":
+    if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -227,9 +220,8 @@ def scatter(batches: Sequence[NestedBatch] | None, src: int, group: Any = None
 def gather(batch: NestedBatch, dst: int, group: Any = None) -> NestedBatch | None:
     """Every rank's samples, in rank order, on ``dst`` (None on the other ranks)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    mine = _describe(batch)
     descriptions: list = [None] * world
-    dist.all_gather_object(descriptions, mine, group=group)  # every rank learns the sizes
+    dist.all_gather_object(descriptions, _describe(batch), group=group)  # all ranks learn the sizes
     agreed = _check_agree(descriptions)
     counts = [_rows(d) for d in descriptions]
     width, device = max(counts, default=0), _device(group)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch
+from nestbatch.checks import check_tensor_sequence
 from nestbatch.compat.torch_formats import from_nested_tensor, from_packed_sequence
 from nestbatch.layouts import Layout, Packed, RowPartition, TensorList
 from nestbatch.ops.structure import cat_samples
@@ -56,9 +57,8 @@ def nested(
         batch = nest(list(tensors)).to(dtype=dtype or tensors[0].dtype,
                                         device=device or tensors[0].device).detach().clone()
         return batch.requires_grad_() if requires_grad else batch
-    samples = TensorList(
-        [t.detach() for t in _check_list(tensors)], num_ragged_dims, dtype=dtype, device=device
-    )
+    detached = [t.detach() for t in check_tensor_sequence(tensors)]
+    samples = TensorList(detached, num_ragged_dims, dtype=dtype, device=device)
     batch = NestedBatch(samples).to(layout)
     if layout is Layout.LIST:
         batch = batch.clone()
@@ -131,20 +131,9 @@ def _wrap(data: Any, num_ragged_dims: int, dtype: Any, device: Any) -> NestedBat
         return NestedBatch.from_ragged_batch(data)
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes, Tensor)):
         return NestedBatch.from_list(
-            _check_list(data), num_ragged_dims, dtype=dtype, device=device
+            list(check_tensor_sequence(data)), num_ragged_dims, dtype=dtype, device=device
         )
     raise TypeError(
         "as_nested takes a NestedBatch, a list of tensors, a PackedSequence, a nested tensor, a "
         f"RaggedBatch or a layout object, got {type(data).__name__}"
     )
-
-
-def _check_list(tensors: Any) -> list[Tensor]:
-    if isinstance(tensors, Tensor) or not isinstance(tensors, Sequence):
-        raise TypeError(
-            f"tensors must be a list or tuple of tensors, got {type(tensors).__name__}"
-        )
-    for i, t in enumerate(tensors):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
-    return list(tensors)

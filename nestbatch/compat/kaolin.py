@@ -53,9 +53,8 @@ def get_shape_per_tensor(tensor_list: Sequence[Tensor]) -> Tensor:
             raise ValueError(
                 f"Expected all tensors to have {ndim} dimensions but got {t.dim()} at index {i}"
             )
-    return torch.tensor([tuple(t.shape[:-1]) for t in tensor_list], dtype=torch.long).reshape(
-        len(tensor_list), ndim - 1
-    )
+    shapes = [tuple(t.shape[:-1]) for t in tensor_list]
+    return torch.tensor(shapes, dtype=torch.long).reshape(len(shapes), ndim - 1)
 
 
 def fill_max_shape(
@@ -81,10 +80,8 @@ def fill_max_shape(
     With ``partial_max_shape`` the maxima are read on the host to fill the gaps (a sync if the
     shapes live on a GPU; kaolin keeps them on the CPU).
     """
-    shape_per_tensor = torch.as_tensor(shape_per_tensor, dtype=torch.long)
-    largest = shape_per_tensor.amax(0) if shape_per_tensor.shape[0] else shape_per_tensor.new_zeros(
-        shape_per_tensor.shape[1]
-    )
+    shapes = torch.as_tensor(shape_per_tensor, dtype=torch.long)
+    largest = shapes.amax(0) if shapes.shape[0] else shapes.new_zeros(shapes.shape[1])
     if partial_max_shape is None:
         return largest
     if isinstance(partial_max_shape, Tensor):
@@ -106,11 +103,9 @@ def get_first_idx(numel_per_tensor: Tensor) -> Tensor:
 
     Example: ``numel_per_tensor = [1024, 1024]`` gives ``[0, 1024, 2048]``.
     """
-    numel_per_tensor = torch.as_tensor(numel_per_tensor)
-    first_idx = torch.zeros(
-        numel_per_tensor.shape[0] + 1, dtype=torch.long, device=numel_per_tensor.device
-    )
-    torch.cumsum(numel_per_tensor, 0, out=first_idx[1:])
+    numel = torch.as_tensor(numel_per_tensor)
+    first_idx = torch.zeros(numel.shape[0] + 1, dtype=torch.long, device=numel.device)
+    torch.cumsum(numel, 0, out=first_idx[1:])
     return first_idx
 
 

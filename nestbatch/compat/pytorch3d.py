@@ -72,8 +72,7 @@ def padded_to_list(
     """
     if split_size is None:
         return list(x.unbind(0))
-    if x.shape[0] != len(split_size):
-        raise ValueError("Split size must be of same length as inputs first dimension")
+    _check_split_size(x, split_size)
     rows = [[s] if isinstance(s, int) else list(s) for s in split_size]
     if len({len(r) for r in rows}) > 1:
         # Mixed int / sequence entries crop different numbers of dims: one view per sample.
@@ -138,8 +137,7 @@ def padded_to_packed(
         return x_packed[x_packed.ne(pad_value).any(-1)]
     if isinstance(split_size, int):
         split_size = [split_size] * x.shape[0]
-    if x.shape[0] != len(split_size):
-        raise ValueError("Split size must be of same length as inputs first dimension")
+    _check_split_size(x, split_size)
     if not all(isinstance(s, int) for s in split_size):
         raise ValueError(
             "Support only 1-dimensional unbinded tensor. Split size for more dimensions provided"
@@ -159,3 +157,9 @@ __all__ = [
     "padded_to_list",
     "padded_to_packed",
 ]
+
+
+def _check_split_size(x: Tensor, split_size: Sequence[object]) -> None:
+    # PyTorch3D's own message (its tests match it).
+    if x.shape[0] != len(split_size):
+        raise ValueError("Split size must be of same length as inputs first dimension")

@@ -16,13 +16,18 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, with_ragged_dim
+from nestbatch.checks import (
+    check_batch_dim,
+    check_non_uniform_dim,
+    check_ragged_batch_args,
+    check_tensor,
+    normalize_dim,
+)
 from nestbatch.errors import reference_compatible_class
 from nestbatch.kernels.torch_impl import fill_padding
 from nestbatch.layouts import RowPartition
 
 __all__ = ["RaggedBatch"]
-
-_INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 def to_canonical(tensor: Tensor, num_batch_dims: int, dim: int) -> Tensor:
@@ -50,13 +55,11 @@ def from_canonical(tensor: Tensor, batch_shape: Sequence[int], dim: int) -> Tens
     return unflat.transpose(len(batch_shape), dim)
 
 
-def with_data_of_sizes(like: RaggedBatch, tensor: Tensor,
-                       non_uniform_dim: int | None = None) -> RaggedBatch:
-    """``like.create_with_sample_sizes_like_self(tensor, non_uniform_dim)`` without its checks
-    (and without the error conversion of the public methods): for nestbatch's own callers, whose
-    ``tensor`` has ``like``'s batch shape, device and non-uniform size by construction."""
-    nud = like._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
-    return _assemble(type(like), tensor, like._row_partition, nud, like._num_batch_dims)
+def with_data(like: RaggedBatch, tensor: Tensor, non_uniform_dim: int | None = None
+              ) -> RaggedBatch:
+    """``like``'s samples with new data ``tensor``, unchecked (see ``RaggedBatch._derived``):
+    for nestbatch's own callers."""
+    return like._derived(tensor, non_uniform_dim)
 
 
 def with_sizes(tensor: Tensor, sample_sizes: Tensor, non_uniform_dim: int) -> RaggedBatch:
@@ -65,109 +68,21 @@ def with_sizes(tensor: Tensor, sample_sizes: Tensor, non_uniform_dim: int) -> Ra
     (batch shape ``sample_sizes.shape``, same device, ``non_uniform_dim`` past the batch
     dims)."""
     partition = RowPartition.from_sizes(sample_sizes)
-    return _assemble(RaggedBatch, tensor, partition, non_uniform_dim, sample_sizes.dim())
+    return RaggedBatch._from_partition(tensor, partition, non_uniform_dim, sample_sizes.dim())
 
 
-def _assemble(cls: type[RaggedBatch], tensor: Tensor, partition: RowPartition,
-              non_uniform_dim: int, num_batch_dims: int) -> RaggedBatch:
-    """An instance of ``cls`` from its four fields, unchecked."""
-    obj = cls.__new__(cls)
-    obj._tensor = tensor
-    obj._row_partition = partition
-    obj._non_uniform_dim = non_uniform_dim
-    obj._num_batch_dims = num_batch_dims
-    return obj
+def _as_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
 
 
-def _partition_of(mask: Tensor | None, sample_sizes: Tensor | None) -> RowPartition:
-    """The samples' partition (the batch dims flattened), the sizes and mask kept as given."""
-    return RowPartition.from_sizes(sample_sizes, mask)
+def _dtype_converter(dtype: torch.dtype) -> Callable[[RaggedBatch], RaggedBatch]:
+    """The method that converts a batch's data to ``dtype`` (``RaggedBatch.float`` etc.)."""
 
+    def convert(self: RaggedBatch) -> RaggedBatch:
+        return self.to_dtype(dtype)
 
-def _normalize_dim(dim: int, ndim: int, name: str) -> int:
-    if not -ndim <= dim < ndim:
-        raise IndexError(f"{name} must be in [{-ndim}, {ndim}), got {dim}")
-    return dim % ndim
-
-
-def _check_batch_tensors(
-    tensor: Tensor, mask: Tensor | None, sample_sizes: Tensor | None, non_uniform_dim: int | None
-) -> tuple[int, int]:
-    """Validate constructor arguments; return ``(num_batch_dims, non_uniform_dim)``."""
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    if mask is None and sample_sizes is None:
-        raise ValueError("at least one of mask or sample_sizes must be given")
-    if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(
-                f"mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}"
-            )
-        if mask.dim() < 2:
-            raise ValueError(
-                "mask must have at least 2 dims (*batch_shape, max_sample_size), "
-                f"got shape {tuple(mask.shape)}"
-            )
-    if sample_sizes is not None:
-        if not isinstance(sample_sizes, Tensor) or sample_sizes.dtype not in _INTEGER_DTYPES:
-            raise TypeError(
-                "sample_sizes must be an integer tensor (int32 or int64), got "
-                f"{getattr(sample_sizes, 'dtype', type(sample_sizes).__name__)}"
-            )
-        if sample_sizes.dim() < 1:
-            raise ValueError("sample_sizes must have at least 1 dim (*batch_shape,), got a scalar")
-    num_batch_dims = mask.dim() - 1 if mask is not None else sample_sizes.dim()
-    if (
-        sample_sizes is not None
-        and mask is not None
-        and tuple(mask.shape[:-1]) != tuple(sample_sizes.shape)
-    ):
-        raise ValueError(
-            f"mask batch shape {tuple(mask.shape[:-1])} does not match "
-            f"sample_sizes shape {tuple(sample_sizes.shape)}"
-        )
-    if tensor.dim() <= num_batch_dims:
-        raise ValueError(
-            f"tensor must have more than num_batch_dims={num_batch_dims} dims, "
-            f"got shape {tuple(tensor.shape)}"
-        )
-    nud = (
-        num_batch_dims
-        if non_uniform_dim is None
-        else _normalize_dim(non_uniform_dim, tensor.dim(), "non_uniform_dim")
-    )
-    if nud < num_batch_dims:
-        raise ValueError(
-            f"non_uniform_dim must not be a batch dim (< {num_batch_dims}), got {non_uniform_dim}"
-        )
-    batch_shape = tuple(tensor.shape[:num_batch_dims])
-    for name, other in (("mask", mask), ("sample_sizes", sample_sizes)):
-        if other is None:
-            continue
-        other_batch = tuple(other.shape[:num_batch_dims])
-        if other_batch != batch_shape:
-            raise ValueError(
-                f"{name} batch shape {other_batch} does not match tensor batch shape {batch_shape}"
-            )
-        if other.device != tensor.device:
-            raise ValueError(f"{name} is on {other.device} but tensor is on {tensor.device}")
-    if mask is not None and mask.shape[-1] != tensor.shape[nud]:
-        raise ValueError(
-            f"mask width {mask.shape[-1]} does not match "
-            f"tensor.shape[non_uniform_dim={nud}]={tensor.shape[nud]}"
-        )
-    return num_batch_dims, nud
-
-
-def _num_required_positional(fn: Callable[..., Any]) -> int:
-    """Number of positional parameters without default; 1 when not introspectable."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    count = sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
-    return min(max(count, 1), 3)
+    convert.__doc__ = f"Data converted to ``{str(dtype).removeprefix('torch.')}``."
+    return convert
 
 
 @reference_compatible_class
@@ -215,9 +130,9 @@ class RaggedBatch:
         sample_sizes: Tensor | None = None,
         non_uniform_dim: int | None = None,
     ) -> None:
-        num_batch_dims, nud = _check_batch_tensors(tensor, mask, sample_sizes, non_uniform_dim)
+        num_batch_dims, nud = check_ragged_batch_args(tensor, mask, sample_sizes, non_uniform_dim)
         self._tensor = tensor
-        self._row_partition = _partition_of(mask, sample_sizes)
+        self._row_partition = RowPartition.from_sizes(sample_sizes, mask)
         self._non_uniform_dim = nud
         self._num_batch_dims = num_batch_dims
 
@@ -225,10 +140,18 @@ class RaggedBatch:
     def _from_partition(
         cls, tensor: Tensor, partition: RowPartition, non_uniform_dim: int, num_batch_dims: int
     ) -> RaggedBatch:
-        return _assemble(cls, tensor, partition, non_uniform_dim, num_batch_dims)
+        """An instance from its four fields, unchecked."""
+        obj = cls.__new__(cls)
+        obj._tensor = tensor
+        obj._row_partition = partition
+        obj._non_uniform_dim = non_uniform_dim
+        obj._num_batch_dims = num_batch_dims
+        return obj
 
     def _derived(self, tensor: Tensor, non_uniform_dim: int | None = None) -> RaggedBatch:
-        """Same samples, new data tensor; the partition is shared."""
+        """Same samples, new data tensor; the partition is shared. Unchecked (unlike
+        :meth:`create_with_sample_sizes_like_self`): ``tensor`` has this batch shape, device and
+        non-uniform size by construction."""
         nud = self._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
         return self._from_partition(tensor, self._row_partition, nud, self._num_batch_dims)
 
@@ -262,13 +185,10 @@ class RaggedBatch:
         -------
         RaggedBatch
         """
-        num_batch_dims, nud = _check_batch_tensors(tensor, mask, sample_sizes, non_uniform_dim)
+        num_batch_dims, nud = check_ragged_batch_args(tensor, mask, sample_sizes, non_uniform_dim)
         if sample_sizes is None:
             sample_sizes = mask.sum(dim=-1, dtype=torch.int64)
-        if sample_sizes.numel() == 0:
-            max_size = 0
-        else:
-            max_size = int(sample_sizes.max().item())
+        max_size = int(sample_sizes.max()) if sample_sizes.numel() else 0
         if max_size > tensor.shape[nud]:
             raise ValueError(
                 f"sample_sizes reach {max_size}, more than tensor.shape[{nud}]={tensor.shape[nud]}"
@@ -312,9 +232,7 @@ class RaggedBatch:
             raise ValueError("num_batch_dims and batch_shape cannot both be set")
         if batch_shape is None:
             batch_shape = (0,) * (1 if num_batch_dims is None else num_batch_dims)
-        elif isinstance(batch_shape, int):
-            batch_shape = (batch_shape,)
-        batch_shape = tuple(int(s) for s in batch_shape)
+        batch_shape = _as_shape(batch_shape)
         if len(batch_shape) < 1:
             raise ValueError("at least one batch dim is required")
         if num_dims <= len(batch_shape):
@@ -345,14 +263,13 @@ class RaggedBatch:
         -------
         RaggedBatch
         """
-        if not isinstance(full_tensor, Tensor):
-            raise TypeError(f"full_tensor must be a torch.Tensor, got {type(full_tensor).__name__}")
+        check_tensor(full_tensor, "full_tensor")
         if not 1 <= num_batch_dims < full_tensor.dim():
             raise ValueError(
                 f"num_batch_dims must be in [1, {full_tensor.dim()}) for a tensor of shape "
                 f"{tuple(full_tensor.shape)}, got {num_batch_dims}"
             )
-        nud = _normalize_dim(non_uniform_dim, full_tensor.dim(), "non_uniform_dim")
+        nud = normalize_dim(non_uniform_dim, full_tensor.dim(), "non_uniform_dim")
         sizes = torch.full(
             full_tensor.shape[:num_batch_dims],
             full_tensor.shape[nud],
@@ -371,11 +288,20 @@ class RaggedBatch:
     @property
     def mask(self) -> Tensor:
         """Bool validity mask ``(*batch_shape, max_sample_size)`` (derived lazily)."""
+        mask = self._row_partition.mask_as_given
+        if (mask is not None and mask.dim() == self._num_batch_dims + 1  # (see sample_sizes)
+                and mask.shape[-1] == self._tensor.shape[self._non_uniform_dim]):
+            return mask
         return self._row_partition.mask_in(self.batch_shape, self.max_sample_size)
 
     @property
     def sample_sizes(self) -> Tensor:
         """Valid sizes ``(*batch_shape,)`` along the non-uniform dim (derived lazily)."""
+        sizes = self._row_partition.lengths_as_given
+        # (A batch's partition is made from sizes of its batch shape: the number of dims tells
+        # them apart from another batch shape's, without slicing the shape on every read.)
+        if sizes is not None and sizes.dim() == self._num_batch_dims:
+            return sizes
         return self._row_partition.lengths_in(self.batch_shape)
 
     @property
@@ -467,8 +393,7 @@ class RaggedBatch:
             Shares the mask and sample sizes with ``self`` (moved if the device
             differs).
         """
-        if not isinstance(tensor, Tensor):
-            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        check_tensor(tensor, "tensor")
         if device is not None:
             tensor = tensor.to(device)
         nbd = self._num_batch_dims
@@ -477,9 +402,8 @@ class RaggedBatch:
                 f"tensor must have more than {nbd} dims, got shape {tuple(tensor.shape)}"
             )
         nud = self._non_uniform_dim if non_uniform_dim is None else non_uniform_dim
-        nud = _normalize_dim(nud, tensor.dim(), "non_uniform_dim")
-        if nud < nbd:
-            raise ValueError(f"non_uniform_dim must not be a batch dim (< {nbd}), got {nud}")
+        nud = normalize_dim(nud, tensor.dim(), "non_uniform_dim")
+        check_non_uniform_dim(nud, nbd)
         if tuple(tensor.shape[:nbd]) != tuple(self.batch_shape):
             raise ValueError(
                 f"tensor batch shape {tuple(tensor.shape[:nbd])} does not match "
@@ -504,9 +428,8 @@ class RaggedBatch:
         -------
         RaggedBatch
         """
-        dim = _normalize_dim(dim, self._tensor.dim(), "dim")
-        if dim < self._num_batch_dims:
-            raise ValueError(f"dim must not be a batch dim (< {self._num_batch_dims}), got {dim}")
+        dim = normalize_dim(dim, self._tensor.dim(), "dim")
+        check_non_uniform_dim(dim, self._num_batch_dims, "dim")
         if dim == self._non_uniform_dim:
             return self
         return self._derived(self._tensor.transpose(self._non_uniform_dim, dim), dim)
@@ -552,18 +475,16 @@ class RaggedBatch:
     def _with_batch_transform(
         self, tensor: Tensor, fn: Callable[[Tensor, int], Tensor], num_batch_dims: int
     ) -> RaggedBatch:
-        nud = self._non_uniform_dim - self._num_batch_dims + num_batch_dims
-        return self._from_partition(tensor, self._map_batch(fn), nud, num_batch_dims)
-
-    def _map_batch(self, fn: Callable[[Tensor, int], Tensor]) -> RowPartition:
-        """The partition after a batch-dim transform: ``fn(t, num_trailing)`` of the sizes
-        (``num_trailing == 0``) and of the mask when one is at hand (``num_trailing == 1``, the
-        sample dim trailing the batch dims)."""
+        """``tensor`` (the data after a batch-dim transform) with the partition transformed
+        alike: ``fn(t, num_trailing)`` of the sizes (``num_trailing == 0``) and of the mask when
+        one is at hand (``num_trailing == 1``, the sample dim trailing the batch dims)."""
         width = self.max_sample_size
         known = self._row_partition.cached_mask((width,))  # a mask at hand is transformed too
         mask = None if known is None else self._row_partition.mask_in(self.batch_shape, width)
         sizes = fn(self.sample_sizes, 0)
-        return _partition_of(None if mask is None else fn(mask, 1), sizes)
+        partition = RowPartition.from_sizes(sizes, None if mask is None else fn(mask, 1))
+        nud = self._non_uniform_dim - self._num_batch_dims + num_batch_dims
+        return self._from_partition(tensor, partition, nud, num_batch_dims)
 
     def repeat_samples(
         self, num_repeats: int | Sequence[int], batch_dim: int | None = None
@@ -585,8 +506,7 @@ class RaggedBatch:
         nbd = self._num_batch_dims
         if isinstance(num_repeats, int):
             batch_dim = 0 if batch_dim is None else batch_dim
-            if not 0 <= batch_dim < nbd:
-                raise ValueError(f"batch_dim must be in [0, {nbd}), got {batch_dim}")
+            check_batch_dim(batch_dim, nbd)
             repeats = [1] * nbd
             repeats[batch_dim] = num_repeats
         else:
@@ -626,8 +546,7 @@ class RaggedBatch:
         """Remove the batch dim ``batch_dim`` in ``[0, num_batch_dims)``; it must have size 1
         and must not be the only batch dim."""
         nbd = self._num_batch_dims
-        if not 0 <= batch_dim < nbd:
-            raise ValueError(f"batch_dim must be in [0, {nbd}), got {batch_dim}")
+        check_batch_dim(batch_dim, nbd)
         if nbd == 1:
             raise ValueError("cannot squeeze the only batch dim")
         if self.batch_shape[batch_dim] != 1:
@@ -640,21 +559,7 @@ class RaggedBatch:
 
     def reshape_batch_dims(self, new_batch_shape: int | Sequence[int]) -> RaggedBatch:
         """Reshape the batch dims (one entry may be -1); the non-uniform dim is adjusted."""
-        shape = (
-            (new_batch_shape,)
-            if isinstance(new_batch_shape, int)
-            else tuple(int(s) for s in new_batch_shape)
-        )
-        shape = self._resolve_batch_shape(shape)
-        rest = tuple(self._tensor.shape[self._num_batch_dims :])
-        width = self.max_sample_size
-        return self._with_batch_transform(
-            self._tensor.reshape(shape + rest),
-            lambda t, trailing: t.reshape(shape + ((width,) if trailing else ())),
-            len(shape),
-        )
-
-    def _resolve_batch_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        shape = _as_shape(new_batch_shape)
         total = self.total_num_samples_in_batch
         if len(shape) < 1:
             raise ValueError("new_batch_shape must have at least one dim")
@@ -669,7 +574,13 @@ class RaggedBatch:
             raise ValueError(
                 f"new_batch_shape {shape} does not match batch shape {tuple(self.batch_shape)}"
             )
-        return shape
+        rest = tuple(self._tensor.shape[self._num_batch_dims :])
+        width = self.max_sample_size
+        return self._with_batch_transform(
+            self._tensor.reshape(shape + rest),
+            lambda t, trailing: t.reshape(shape + ((width,) if trailing else ())),
+            len(shape),
+        )
 
     def flatten_batch_dims(self) -> RaggedBatch:
         """Merge all batch dims into one (not in place)."""
@@ -683,11 +594,7 @@ class RaggedBatch:
         or divide the new size; samples are tiled like :meth:`repeat_samples`
         (``[a, b] -> [a, b, a, b]``). The data is copied.
         """
-        shape = (
-            (new_batch_shape,)
-            if isinstance(new_batch_shape, int)
-            else tuple(int(s) for s in new_batch_shape)
-        )
+        shape = _as_shape(new_batch_shape)
         nbd = self._num_batch_dims
         if len(shape) < nbd:
             raise ValueError(
@@ -753,42 +660,6 @@ class RaggedBatch:
         partition = self._row_partition.to(tensor.device)
         return self._from_partition(tensor, partition, self._non_uniform_dim, self._num_batch_dims)
 
-    def int(self) -> RaggedBatch:
-        """Data converted to ``int32``."""
-        return self.to_dtype(torch.int32)
-
-    def long(self) -> RaggedBatch:
-        """Data converted to ``int64``."""
-        return self.to_dtype(torch.int64)
-
-    def bool(self) -> RaggedBatch:
-        """Data converted to ``bool``."""
-        return self.to_dtype(torch.bool)
-
-    def half(self) -> RaggedBatch:
-        """Data converted to ``float16``."""
-        return self.to_dtype(torch.float16)
-
-    def bfloat16(self) -> RaggedBatch:
-        """Data converted to ``bfloat16``."""
-        return self.to_dtype(torch.bfloat16)
-
-    def float(self) -> RaggedBatch:
-        """Data converted to ``float32``."""
-        return self.to_dtype(torch.float32)
-
-    def double(self) -> RaggedBatch:
-        """Data converted to ``float64``."""
-        return self.to_dtype(torch.float64)
-
-    def cfloat(self) -> RaggedBatch:
-        """Data converted to ``complex64``."""
-        return self.to_dtype(torch.complex64)
-
-    def cdouble(self) -> RaggedBatch:
-        """Data converted to ``complex128``."""
-        return self.to_dtype(torch.complex128)
-
     # ------------------------------------------------------------------ data access
 
     def apply(
@@ -807,7 +678,13 @@ class RaggedBatch:
         RaggedBatch or tuple of RaggedBatch
             One instance per returned tensor.
         """
-        args = (self._tensor, self.mask, self.sample_sizes)[: _num_required_positional(proc_step)]
+        try:
+            params = inspect.signature(proc_step).parameters.values()
+        except (TypeError, ValueError):  # not introspectable: called with the data alone
+            params = ()
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        count = sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
+        args = (self._tensor, self.mask, self.sample_sizes)[: min(max(count, 1), 3)]
         result = proc_step(*args)
         if isinstance(result, tuple):
             return tuple(self.create_with_sample_sizes_like_self(t) for t in result)
@@ -819,18 +696,14 @@ class RaggedBatch:
         ``tensor`` must have the batch shape, device and non-uniform size of
         the current data, with valid entries first.
         """
-        if not isinstance(tensor, Tensor):
-            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        check_tensor(tensor, "tensor")
         nbd, nud = self._num_batch_dims, self._non_uniform_dim
         if tensor.dim() <= nud:
             raise ValueError(
                 f"tensor needs more than non_uniform_dim={nud} dims, "
                 f"got shape {tuple(tensor.shape)}"
             )
-        if (
-            tuple(tensor.shape[:nbd]) != tuple(self.batch_shape)
-            or tensor.shape[nud] != self.max_sample_size
-        ):
+        if tensor.shape[:nbd] != self.batch_shape or tensor.shape[nud] != self.max_sample_size:
             raise ValueError(
                 f"tensor shape {tuple(tensor.shape)} does not match "
                 f"batch shape {tuple(self.batch_shape)} "
@@ -906,6 +779,17 @@ class RaggedBatch:
             f"non_uniform_dim={self._non_uniform_dim}, num_batch_dims={self._num_batch_dims}, "
             f"batch_shape={tuple(self.batch_shape)})"
         )
+
+    # Last in the body: these names shadow the builtins for the class body after them.
+    int = _dtype_converter(torch.int32)
+    long = _dtype_converter(torch.int64)
+    bool = _dtype_converter(torch.bool)
+    half = _dtype_converter(torch.float16)
+    bfloat16 = _dtype_converter(torch.bfloat16)
+    float = _dtype_converter(torch.float32)
+    double = _dtype_converter(torch.float64)
+    cfloat = _dtype_converter(torch.complex64)
+    cdouble = _dtype_converter(torch.complex128)
 
     # ------------------------------------------------------------------ NestedBatch interop
 

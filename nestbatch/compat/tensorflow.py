@@ -25,6 +25,7 @@ from nestbatch.checks import (
     check_host_offsets,
     check_offsets_on_device,
     check_tensor,
+    check_values,
     host_ints,
     host_sizes,
 )
@@ -35,9 +36,7 @@ from nestbatch.layouts import Packed, RowPartition
 def from_row_starts(cls: type, values: Tensor, row_starts: Tensor | Sequence[int], *,
                     validate: bool = True) -> NestedBatch:
     """Batch from packed ``values`` and the start of every sample ``(B,)`` (TF row_starts)."""
-    check_tensor(values, "values")
-    if values.dim() < 1:
-        raise ValueError("values must have at least one dim (total, *feature), got a scalar")
+    check_values(values)
     offsets = offsets_from_row_starts(row_starts, values.shape[0])
     return cls.from_offsets(values, offsets, validate=validate)
 
@@ -99,23 +98,20 @@ def from_nested_row_splits(
             or len(nested_row_splits) == 0:
         raise TypeError("nested_row_splits must be a non-empty sequence of offsets vectors")
     device = flat_values.device
-    host = [_host_splits(raw, f"nested_row_splits[{level}]")
-            for level, raw in enumerate(nested_row_splits)]
+    names = [f"nested_row_splits[{level}]" for level in range(len(nested_row_splits))]
+    host = [_host_splits(raw, name) for raw, name in zip(nested_row_splits, names)]
     splits = [
         as_offsets(raw if isinstance(raw, Tensor) else torch.tensor(known, dtype=torch.int64),
-                   device, f"nested_row_splits[{level}]")
-        for level, (raw, known) in enumerate(zip(nested_row_splits, host))
+                   device, name)
+        for raw, known, name in zip(nested_row_splits, host, names)
     ]
     rows = [s.shape[0] - 1 for s in splits[1:]] + [flat_values.shape[0]]
     if validate:
-        for level, (offsets, known, count) in enumerate(zip(splits, host, rows)):
-            name = f"nested_row_splits[{level}]"
+        for offsets, known, count, name in zip(splits, host, rows, names):
             if known is None:
                 check_offsets_on_device(offsets, count, name=name)
-            elif not known:
-                raise ValueError(f"{name} must have at least one entry (B + 1 values), got none")
             else:
-                check_host_offsets(list(known), count, None, name)
+                check_host_offsets(known, count, None, name)
     levels = [
         RowPartition.from_host_lengths([b - a for a, b in zip(known, known[1:])], device)
         if known is not None else RowPartition.from_offsets(offsets, total=count)
@@ -150,7 +146,6 @@ def from_nested_row_lengths(
             sizes = host_sizes(lengths, f"nested_row_lengths[{level}]")
             splits.append((0, *itertools.accumulate(sizes)))
             continue
-        check_tensor(lengths, f"nested_row_lengths[{level}]")
         if lengths.is_floating_point() or lengths.dtype == torch.bool:
             raise TypeError(f"nested_row_lengths[{level}] must be integers, got {lengths.dtype}")
         if validate and lengths.numel() and bool((lengths < 0).any()):

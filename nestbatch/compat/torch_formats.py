@@ -20,95 +20,45 @@ from torch.nn.utils.rnn import PackedSequence
 
 from nestbatch.batch import NestedBatch, moved_ragged_error
 from nestbatch.conversions.time_major import TimeMajorOrder
-from nestbatch.layouts import Packed, RaggedLayout, RowPartition, TensorList
+from nestbatch.layouts import Packed, RowPartition, TensorList
 
 __all__ = ["from_nested_tensor", "from_packed_sequence", "to_nested_tensor", "to_packed_sequence"]
 
 
-
-def from_packed_sequence(sequence: PackedSequence) -> NestedBatch:
-    """Batch of the sequences of a ``PackedSequence`` (sorted or not), in sample order.
-
-    The lengths come from its CPU ``batch_sizes``, so no device sync; one gather of the rows.
-    """
-    if not isinstance(sequence, PackedSequence):
-        raise TypeError(f"sequence must be a PackedSequence, got {type(sequence).__name__}")
-    return NestedBatch(packed_sequence_to_packed(sequence))
-
-
-def to_packed_sequence(batch: NestedBatch) -> PackedSequence:
-    """``batch`` as a ``PackedSequence`` (unsorted: sample order is kept by its indices).
-
-    Needs one ragged dim at dim 1 and no zero-length sample; reads the lengths on the host once
-    if only the device has them (``batch_sizes`` lives on the CPU).
-    """
-    _check_batch(batch, "to_packed_sequence")
-    return packed_to_packed_sequence(batch.packed())
-
-
-def from_nested_tensor(nt: Tensor, num_ragged_dims: int | None = None) -> NestedBatch:
-    """Batch of a ``torch.nested`` tensor; a contiguous jagged one shares its storage.
-
-    ``num_ragged_dims`` applies to a strided nested tensor (default: inferred from the sample
-    shapes); a jagged one has one ragged dim.
-    """
-    return NestedBatch(nested_tensor_to_layout(nt, num_ragged_dims))
-
-
 def to_nested_tensor(batch: NestedBatch) -> Tensor:
-    """A jagged ``torch.nested`` tensor sharing ``batch``'s packed values (one ragged dim, at
-    dim 1)."""
-    _check_batch(batch, "to_nested_tensor")
-    return packed_to_nested_tensor(batch.packed())
-
-
-def _check_batch(batch: object, what: str) -> None:
-    if not isinstance(batch, NestedBatch):
-        raise TypeError(f"{what} takes a NestedBatch, got {type(batch).__name__}")
-    if batch.ragged_dim != 1:
-        raise moved_ragged_error(batch, what)
-
-
-def packed_to_nested_tensor(packed: Packed) -> Tensor:
-    """A jagged nested tensor viewing a :class:`Packed` batch's values and offsets.
+    """A jagged ``torch.nested`` tensor viewing ``batch``'s packed values and offsets.
 
     Parameters
     ----------
-    packed : Packed
-        ``B`` samples of shapes ``(L_i, *feature)`` (one ragged dim).
+    batch : NestedBatch
+        ``B`` samples of shapes ``(L_i, *feature)`` (one ragged dim, at dim 1).
 
     Returns
     -------
     Tensor
         Nested, ``layout=torch.jagged``, shape ``(B, j, *feature)``; ``values()`` is
-        ``packed.values`` (same storage) and ``offsets()`` the batch's offsets.
+        ``batch.packed().values`` (same storage) and ``offsets()`` the batch's offsets. The
+        largest and smallest lengths are handed to torch when known on the host, so torch need
+        not compute them on the device later.
 
     Raises
     ------
     ValueError
         With several ragged dims: a jagged nested tensor has exactly one (use
         ``torch.nested.as_nested_tensor(batch.tolist(), layout=torch.strided)`` for images).
-
-    Notes
-    -----
-    The largest and smallest lengths are handed to torch when known on the host, so torch need
-    not compute them on the device later.
     """
-    partition = packed.partition
-    if partition.num_ragged_dims != 1:
-        raise ValueError(
-            "a jagged nested tensor has one ragged dim, got a batch with "
-            f"{partition.num_ragged_dims}; use a strided nested tensor for several"
-        )
+    _check_batch(batch, "to_nested_tensor", "a jagged nested tensor has one; use a strided one "
+                 "for several")
+    partition = batch.partition
     sizes = {}
     if partition.knows_host_shapes and partition.batch_size:
         lengths = partition.host_lengths
         sizes = {"min_seqlen": min(lengths), "max_seqlen": max(lengths)}
-    return torch.nested.nested_tensor_from_jagged(packed.values, partition.offsets, **sizes)
+    return torch.nested.nested_tensor_from_jagged(batch.values, partition.offsets, **sizes)
 
 
-def nested_tensor_to_layout(nt: Tensor, num_ragged_dims: int | None = None) -> RaggedLayout:
-    """A layout holding the samples of a nested tensor.
+def from_nested_tensor(nt: Tensor, num_ragged_dims: int | None = None) -> NestedBatch:
+    """Batch of the samples of a ``torch.nested`` tensor.
 
     Parameters
     ----------
@@ -121,10 +71,9 @@ def nested_tensor_to_layout(nt: Tensor, num_ragged_dims: int | None = None) -> R
 
     Returns
     -------
-    RaggedLayout
-        :class:`Packed` sharing the jagged tensor's values when they are contiguous, else a
-        gather of its rows (a jagged tensor with holes); a :class:`TensorList` of views for a
-        strided one.
+    NestedBatch
+        Packed, sharing the jagged tensor's values when they are contiguous, else a gather of
+        its rows (a jagged tensor with holes); a list of views for a strided one.
 
     Raises
     ------
@@ -136,11 +85,22 @@ def nested_tensor_to_layout(nt: Tensor, num_ragged_dims: int | None = None) -> R
     if not isinstance(nt, Tensor) or not nt.is_nested:
         raise TypeError(f"nt must be a nested tensor, got {type(nt).__name__}")
     if nt.layout == torch.jagged:
-        return _jagged_to_packed(nt)
+        return NestedBatch(_jagged_to_packed(nt))
     samples = list(nt.unbind())
     if num_ragged_dims is None:
-        num_ragged_dims = _infer_ragged_dims([t.shape for t in samples])
-    return TensorList(samples, num_ragged_dims, dtype=nt.dtype, device=nt.device)
+        num_ragged_dims = infer_ragged_dims([t.shape for t in samples])
+    return NestedBatch(TensorList(samples, num_ragged_dims, dtype=nt.dtype, device=nt.device))
+
+
+def _check_batch(batch: object, what: str, why: str) -> None:
+    if not isinstance(batch, NestedBatch):
+        raise TypeError(f"{what} takes a NestedBatch, got {type(batch).__name__}")
+    if batch.num_ragged_dims != 1:
+        raise ValueError(
+            f"{what} needs one ragged dim ({why}), got a batch with {batch.num_ragged_dims}"
+        )
+    if batch.ragged_dim != 1:
+        raise moved_ragged_error(batch, what)
 
 
 def _jagged_to_packed(nt: Tensor) -> Packed:
@@ -159,20 +119,22 @@ def _jagged_to_packed(nt: Tensor) -> Packed:
     return Packed(values[source], partition=partition)
 
 
-def _infer_ragged_dims(shapes: list[torch.Size]) -> int:
+def infer_ragged_dims(shapes: list[torch.Size]) -> int:
+    """The ragged dims of samples of ``shapes``: up to the last dim whose size differs (>= 1)."""
     if not shapes:
         return 1
     varying = [d for d in range(len(shapes[0])) if len({s[d] for s in shapes}) > 1]
     return max(varying, default=0) + 1
 
 
-def packed_to_packed_sequence(packed: Packed) -> PackedSequence:
-    """Convert a :class:`Packed` batch with one ragged dim to a ``PackedSequence``.
+def to_packed_sequence(batch: NestedBatch) -> PackedSequence:
+    """``batch`` as a ``PackedSequence`` (unsorted: sample order is kept by its indices).
 
     Parameters
     ----------
-    packed : Packed
-        ``B`` samples of shapes ``(L_i, *feature)``, every ``L_i >= 1``.
+    batch : NestedBatch
+        ``B`` samples of shapes ``(L_i, *feature)`` (one ragged dim, at dim 1), every
+        ``L_i >= 1``.
 
     Returns
     -------
@@ -193,19 +155,20 @@ def packed_to_packed_sequence(packed: Packed) -> PackedSequence:
     unless the batch already knows them there. Then one host-to-device copy of the indices and
     one gather of the rows.
     """
-    partition = packed.partition
-    _check_one_ragged_dim(partition, "to_packed_sequence")
+    _check_batch(batch, "to_packed_sequence", "sequences of shape (L_i, *feature)")
+    partition = batch.partition
     lengths = partition.host_lengths
     if not lengths or 0 in lengths:
         raise ValueError(
             "PackedSequence needs at least one sample and no zero-length sample, got lengths "
             f"{list(lengths)}; run the RNN on the NestedBatch itself to keep empty samples"
         )
-    return TimeMajorOrder(lengths, packed.values.device).sequence(packed.values)
+    values = batch.packed().values
+    return TimeMajorOrder(lengths, values.device).sequence(values)
 
 
-def packed_sequence_to_packed(sequence: PackedSequence) -> Packed:
-    """Convert a ``PackedSequence`` (sorted or not) to a :class:`Packed` batch in sample order.
+def from_packed_sequence(sequence: PackedSequence) -> NestedBatch:
+    """Batch of the sequences of a ``PackedSequence`` (sorted or not), in sample order.
 
     Parameters
     ----------
@@ -214,8 +177,9 @@ def packed_sequence_to_packed(sequence: PackedSequence) -> Packed:
 
     Returns
     -------
-    Packed
-        Samples in the order ``pad_packed_sequence`` would return them. No device sync: with
+    NestedBatch
+        Samples in the order ``pad_packed_sequence`` would return them (packed): one gather of
+        the rows. No device sync: with
         ``unsorted_indices`` on the host (or none) the lengths are known on the host; with
         ``unsorted_indices`` on a device, the lengths are computed there (their total and
         maximum are known on the host from ``batch_sizes``).
@@ -241,12 +205,5 @@ def packed_sequence_to_packed(sequence: PackedSequence) -> Packed:
     # Row p of sample i sits at step p, after the rank(i) longer samples of that step.
     source = step_starts[partition.positions] + rank[partition.row_ids]
     values = data.index_select(0, source.to(data.device))
-    return Packed(values, partition=partition.to(data.device))
+    return NestedBatch(Packed(values, partition=partition.to(data.device)))
 
-
-def _check_one_ragged_dim(partition: RowPartition, what: str) -> None:
-    if partition.num_ragged_dims != 1:
-        raise ValueError(
-            f"{what} needs one ragged dim (sequences of shape (L_i, *feature)), got a batch with "
-            f"{partition.num_ragged_dims} ragged dims"
-        )

@@ -1,4 +1,4 @@
-"""Conversions between the layouts, and between nestbatch and other ragged formats.
+"""Conversions between the layouts (foreign formats are in :mod:`nestbatch.compat`).
 
 Layout conversions (every pair among list, packed and padded, both directions) take and return
 layout objects; they are vectorized, differentiable, and keep device and dtype.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nestbatch.checks import check_filler
+from nestbatch.checks import check_filler, check_padding_side
 from nestbatch.conversions.list_packed import list_to_packed, packed_to_list
 from nestbatch.conversions.list_padded import list_to_padded, padded_to_list
 from nestbatch.conversions.packed_padded import (
@@ -18,7 +18,6 @@ from nestbatch.conversions.packed_padded import (
 )
 from nestbatch.conversions.padding_side import to_side
 from nestbatch.layouts import Packed, Padded, RaggedLayout, TensorList
-from nestbatch.layouts.padded import check_padding_side
 
 
 def to_packed(layout: RaggedLayout) -> Packed:

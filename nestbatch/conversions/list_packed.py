@@ -14,9 +14,7 @@ def list_to_packed(tensor_list: TensorList) -> Packed:
     """
     feature = tuple(tensor_list.feature_shape)
     if tensor_list.batch_size == 0:
-        values = torch.empty(
-            (0, *feature), dtype=tensor_list.dtype, device=tensor_list.device
-        )
+        values = torch.empty((0, *feature), dtype=tensor_list.dtype, device=tensor_list.device)
     elif tensor_list.num_ragged_dims == 1:
         values = torch.cat(tensor_list.tensors)  # samples are (rows, *feature) already
     else:

@@ -66,17 +66,9 @@ def padded_to_list(padded: Padded) -> TensorList:
 
     Needs the per-sample shapes on the host: reads them once (a sync) if only the device has them.
     """
-    partition = padded.partition
-    tensors = []
-    for i, shape in enumerate(partition.host_shapes):
-        sample = padded.data[i]
-        for d, size in enumerate(shape):
-            sample = sample.narrow(d, 0, size)
-        tensors.append(sample)
+    partition, data = padded.partition, padded.data
+    tensors = [data[(i, *map(slice, shape))] for i, shape in enumerate(partition.host_shapes)]
     return TensorList(
-        tensors,
-        partition.num_ragged_dims,
-        feature_shape=padded.feature_shape,
-        partition=partition,
-        dtype=padded.dtype,  # (an empty list has no sample to tell it)
+        tensors, partition.num_ragged_dims, feature_shape=padded.feature_shape,
+        partition=partition, dtype=padded.dtype,  # (an empty list has no sample to tell it)
     )

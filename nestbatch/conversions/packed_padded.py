@@ -133,16 +133,15 @@ def padded_slot_sources(
     inside : Tensor
         ``(B, *padded_shape)`` bool: the mask.
     """
-    k = partition.num_ragged_dims
-    batch = partition.batch_size
-    shapes = partition.shape_per_sample
-    position = torch.zeros((batch,) + (1,) * k, dtype=torch.int64, device=partition.device)
+    k, shapes = partition.num_ragged_dims, partition.shape_per_sample
+    column = (partition.batch_size,) + (1,) * k  # one value per sample
+    position = torch.zeros(column, dtype=torch.int64, device=partition.device)
     for d, size in enumerate(padded_shape):
         view = [1] * (k + 1)
         view[d + 1] = size
         index = torch.arange(size, device=partition.device).view(view)
-        position = position * shapes[:, d].view((batch,) + (1,) * k) + index
-    sources = partition.offsets[:-1].view((batch,) + (1,) * k) + position
+        position = position * shapes[:, d].view(column) + index
+    sources = partition.offsets[:-1].view(column) + position
     return sources, partition.mask(padded_shape)
 
 

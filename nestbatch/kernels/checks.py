@@ -64,6 +64,11 @@ def _remember(key: tuple) -> None:
         _FILLERS_SEEN.add(key)
 
 
+def negative_error(name: str, got: object) -> ValueError:
+    """The error for sizes or counts that hold a negative number (``got``: what to show)."""
+    return ValueError(f"{name} must be non-negative, got {got}")
+
+
 def check_count(value: object, name: str) -> int:
     """A non-negative Python int (NumPy integers and 0-d integer tensors too; not bools,
     floats or strings)."""
@@ -74,21 +79,41 @@ def check_count(value: object, name: str) -> int:
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})") from None
     if count < 0:
-        raise ValueError(f"{name} must be non-negative, got {count}")
+        raise negative_error(name, count)
     return count
+
+
+def check_type(value: object, name: str, *types: type) -> object:
+    """``value``, or a ``TypeError`` naming ``name`` unless it is an instance of ``types``."""
+    if not isinstance(value, types):
+        expected = " or ".join("torch.Tensor" if t is Tensor else t.__name__ for t in types)
+        raise TypeError(f"{name} must be a {expected}, got {type(value).__name__}")
+    return value
 
 
 def check_tensor(value: object, name: str) -> Tensor:
     """``value``, or a ``TypeError`` unless it is a tensor."""
-    if not isinstance(value, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not isinstance(value, Tensor):  # (on every call: no second frame when it is one)
+        check_type(value, name, Tensor)
+    return value
+
+
+def check_index_dtype(value: Tensor, name: str) -> Tensor:
+    """``value`` (a tensor or a batch) if its dtype is int32 or int64 (the kernels' indices)."""
+    if value.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must have dtype int32 or int64, got {value.dtype}")
+    return value
+
+
+def check_bool(value: Tensor, name: str) -> Tensor:
+    """``value`` (a tensor or a batch) if its dtype is bool."""
+    if value.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor (torch.bool), got {value.dtype}")
     return value
 
 
 def check_index_tensor(name: str, value: object, dim: int) -> Tensor:
-    tensor = check_tensor(value, name)
-    if tensor.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} must be an int32 or int64 tensor, got {tensor.dtype}")
+    tensor = check_index_dtype(check_tensor(value, name), name)
     if tensor.dim() != dim:
         raise ValueError(f"{name} must have {dim} dims, got shape {tuple(tensor.shape)}")
     return tensor
@@ -105,10 +130,13 @@ def filler_arg(name: str, value: object, dtype: torch.dtype) -> int | float | bo
     return value
 
 
-def check_same_device(reference: Tensor, **others: Tensor) -> None:
+def check_same_device(reference: Tensor, reference_name: str = "data", /,
+                      **others: Tensor) -> None:
+    """Raise ``ValueError`` naming the first of ``others`` not on ``reference``'s device."""
     for name, tensor in others.items():
         if tensor.device != reference.device:
-            raise ValueError(f"{name} is on {tensor.device}, the data on {reference.device}")
+            raise ValueError(f"{name} is on {tensor.device} but {reference_name} is on "
+                             f"{reference.device}")
 
 
 def check_out(out: object, shape: tuple[int, ...], source: Tensor) -> None:
@@ -123,6 +151,15 @@ def check_out(out: object, shape: tuple[int, ...], source: Tensor) -> None:
     if torch.is_grad_enabled() and (source.requires_grad or out.requires_grad):
         raise RuntimeError(
             "out= is not differentiable: call without out, or under torch.no_grad()"
+        )
+
+
+def check_rows_match(name: str, rows: Tensor, other_name: str, other: Tensor) -> None:
+    """Raise unless two batched tensors ``(B, N, *D)`` share their dtype and row shape ``D``."""
+    if rows.dtype != other.dtype or rows.shape[2:] != other.shape[2:]:
+        raise ValueError(
+            f"{name} {rows.dtype} {tuple(rows.shape)} does not match {other_name} "
+            f"{other.dtype} {tuple(other.shape)}"
         )
 
 
@@ -151,21 +188,39 @@ def check_index_bounds(name: str, indices: Tensor, sizes: Tensor, bound: int) ->
 
     One ``aminmax`` over every slot and one read of its two numbers (a synchronization when
     the tensors live on a device). Only when a slot, possibly a padding one, is out of range are
-    the valid slots checked alone (more reads, to name the bad slot).
+    the valid slots checked alone (:func:`check_valid_slots`: more reads, to name the bad slot).
     """
     if indices.numel() == 0:
         return
     low, high = torch.stack(torch.aminmax(indices)).cpu().tolist()
-    if 0 <= low and high < bound:
-        return
+    if not (0 <= low and high < bound):
+        check_valid_slots(name, indices, sizes, bound)
+
+
+def check_valid_slots(
+    name: str, indices: Tensor, sizes: Tensor, bound: Tensor | int, *,
+    negative: bool = False, target: str = "a dim",
+) -> int:
+    """The one bounds check of ragged indices: raise ``IndexError`` naming the first valid slot
+    of ``indices`` ``(B, M)`` outside ``[0, bound)`` (``[-bound, bound)`` with ``negative``);
+    else return the smallest valid index (0 when none is valid).
+
+    ``sizes`` ``(B,)`` counts each sample's valid slots; ``bound`` is one size or one per
+    sample ``(B,)``. Reads the device (the error path, or the slow path of a caller that read
+    the extremes of every slot first).
+    """
     valid = sizes_mask(sizes, indices.shape[1])
-    bad = valid & ((indices < 0) | (indices >= bound))
+    per_sample = bound.unsqueeze(1) if isinstance(bound, Tensor) else bound
+    low = -per_sample if negative else 0
+    bad = valid & ((indices < low) | (indices >= per_sample))
     if bool(bad.any()):
-        sample, slot = (int(i) for i in bad.nonzero()[0])
+        sample, slot = (int(v) for v in bad.nonzero()[0])
+        size = int(bound[sample]) if isinstance(bound, Tensor) else bound
         raise IndexError(
-            f"{name}[{sample}, {slot}] = {int(indices[sample, slot])} is out of range for a "
-            f"dim of size {bound}"
+            f"{name}: index {int(indices[sample, slot])} (sample {sample}, slot {slot}) is out "
+            f"of range for {target} of size {size}"
         )
+    return int(torch.where(valid, indices, 0).min()) if indices.numel() else 0
 
 
 def max_count_of(mask: Tensor, max_count: int | None) -> int:
@@ -178,9 +233,9 @@ def max_count_of(mask: Tensor, max_count: int | None) -> int:
 
 
 def check_mask(mask: object, rows: int | None = None, width: int | None = None) -> Tensor:
-    mask = check_tensor(mask, "mask")
-    if mask.dtype != torch.bool or mask.dim() != 2:
-        raise ValueError(f"mask must be a bool tensor (B, N), got {mask.dtype} {tuple(mask.shape)}")
+    mask = check_bool(check_tensor(mask, "mask"), "mask")
+    if mask.dim() != 2:
+        raise ValueError(f"mask must have shape (B, N), got {tuple(mask.shape)}")
     if rows is not None and tuple(mask.shape) != (rows, width):
         raise ValueError(f"mask must have shape {(rows, width)}, got {tuple(mask.shape)}")
     return mask

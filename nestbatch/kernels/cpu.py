@@ -37,21 +37,6 @@ from torch.types import Number
 from nestbatch.kernels.host_memory import empty_for_write
 from nestbatch.kernels.torch_impl import sizes_mask
 
-__all__ = [
-    "bool_compaction",
-    "fill_padding",
-    "index_mapping",
-    "indexing_access",
-    "indexing_write",
-    "indices_to_mask",
-    "inverse_indexing_access",
-    "mask_to_indices",
-    "packed_to_padded",
-    "padded_to_packed",
-    "row_counts",
-    "call_validating",
-]
-
 #: Outputs from this size on are too large for aten's jagged kernels (few samples) to beat the
 #: one-write paths below. Measured on 2 cores, B <= 16: aten's kernel is 1.05-2.7x faster than
 #: the one-write path at 1-16 MB.
@@ -83,18 +68,17 @@ BLOCK_ROWS = 1024
 #: 48-384 elements per sample.
 SMALL_BLOCK_ELEMENTS = 512
 
-
 #: aten's jagged <-> padded CPU kernels take a small conversion up to this many samples: they
 #: cost about 15 us plus 2 us per sample (measured on 2 cores: 16 us at B=4, 150 us at B=64,
 #: where the fallback takes 60-100 us).
 ATEN_JAGGED_SAMPLES = 16
 
-#: Dtypes aten's jagged <-> padded CPU kernels cover (all but complex and the rarer unsigned).
-_ATEN_JAGGED_DTYPES = frozenset({
+#: Dtypes aten's jagged <-> padded CPU kernels cover, and so do the compiled kernels' dtype
+#: dispatch (AT_ALL_TYPES plus Half, BFloat16 and Bool): all but complex and the rarer unsigned.
+KERNEL_DTYPES = frozenset({
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
 })
-
 
 #: Conversions moving at most this many rows list the flat position of every row in the
 #: ``(B, width)`` grid on the host (C-level iteration over ranges built from the host offsets,
@@ -123,7 +107,7 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
     return (
         data.is_cpu and offsets.is_cpu  # _applies(data, offsets), inline on this hot path
         and not (data.requires_grad and torch.is_grad_enabled())
-        and data.dtype in _ATEN_JAGGED_DTYPES
+        and data.dtype in KERNEL_DTYPES
         and offsets.dtype in _OFFSET_DTYPES
         and _held_exactly(filler, data.dtype)
     )
@@ -156,10 +140,8 @@ def _regular_lengths(offsets: Tensor, max_len: int) -> Tensor | None:
 
 
 def _row_index(lengths: Tensor, starts: Tensor, count: int) -> Tensor:
-    """``(count,)`` int64: ``starts[b] + j`` for ``j < lengths[b]``, samples back to back.
-
-    ``count`` must be ``lengths.sum()``.
-    """
+    """``(count,)`` int64: ``starts[b] + j`` for ``j < lengths[b]``, samples back to back
+    (``count`` must be ``lengths.sum()``)."""
     first = torch.zeros_like(lengths)
     torch.cumsum(lengths[:-1], 0, out=first[1:])
     shift = (starts - first).repeat_interleave(lengths, output_size=count)
@@ -200,21 +182,6 @@ def _use_blocks(total: int, batch: int) -> bool:
     return total >= BLOCK_ROWS * batch
 
 
-def _fill_rows(like: Tensor, value: Number) -> Tensor:
-    """One feature row holding ``value``, to be expanded over padded slots."""
-    return like.new_full((1, *like.shape[1:]), value)
-
-
-def _interleave_padding(blocks: list[Tensor], lengths: list[int], width: int, fill: Tensor):
-    """Each block followed by enough filler rows to make it ``width`` rows long."""
-    pieces = []
-    for block, length in zip(blocks, lengths):
-        pieces.append(block)
-        if length < width:
-            pieces.append(fill.expand(width - length, *fill.shape[1:]))
-    return pieces
-
-
 def _into(result: Tensor, out: Tensor | None) -> Tensor:
     return result if out is None else out.copy_(result)
 
@@ -232,16 +199,17 @@ def packed_to_padded(
     ``fallback`` computes the same thing where this path does not apply.
     """
     batch = offsets.shape[0] - 1
+    shape = (batch, max_len, *values.shape[1:])
     if (out is None and batch >= LISTED_FROM_SAMPLES and values.shape[0] <= LISTED_ROWS
             and _applies(values, offsets)):
         listed = _grid_rows(offsets, max_len)
         if listed is not None and 0 <= listed[1] <= listed[2] <= values.shape[0]:
             rows, start, stop = listed
-            grid = values.new_full((batch, max_len, *values.shape[1:]), padding_value)
+            grid = values.new_full(shape, padding_value)
             rows_read = values if stop - start == values.shape[0] else values[start:stop]
             grid.flatten(0, 1).index_copy_(0, rows, rows_read)
             return grid
-    output_bytes = batch * max_len * math.prod(values.shape[1:]) * values.element_size()
+    output_bytes = math.prod(shape) * values.element_size()
     large = output_bytes >= LARGE_OUTPUT_BYTES
     if out is None and batch <= ATEN_JAGGED_SAMPLES and not large and _aten_jagged_applies(
         values, offsets, padding_value
@@ -251,7 +219,6 @@ def packed_to_padded(
             return _JAGGED_TO_PADDED(values, [offsets], [max_len], float(padding_value))
         except RuntimeError:
             pass  # offsets outside aten's contract: the fallback defines the result
-    shape = (batch, max_len, *values.shape[1:])
     # A caller's buffer has no fresh pages to pay for: below ONE_WRITE_PADDED_BYTES, copying
     # blocks straight into it beats computing a new tensor and copying that, unless samples are
     # short.
@@ -269,9 +236,13 @@ def packed_to_padded(
     rows = out.view(batch * max_len, *values.shape[1:])
     values = values[start:stop]
     if not one_write or _use_blocks(stop - start, batch):
-        host_lengths = lengths.tolist()
-        fill = _fill_rows(values, padding_value)
-        pieces = _interleave_padding(list(values.split(host_lengths)), host_lengths, max_len, fill)
+        # Each sample's block, then filler rows (one row, expanded) up to max_len.
+        fill = values.new_full((1, *values.shape[1:]), padding_value)
+        pieces = []
+        for block in values.split(lengths.tolist()):
+            pieces.append(block)
+            if block.shape[0] < max_len:
+                pieces.append(fill.expand(max_len - block.shape[0], *fill.shape[1:]))
         torch.cat(pieces, 0, out=rows)
         return out
     total = stop - start
@@ -318,9 +289,8 @@ def padded_to_packed(
 def fill_padding(data: Tensor, sizes: Tensor, value: Number, fallback) -> Tensor:
     """``(B, N, *D)`` with slots ``>= sizes[b]`` set to ``value`` (``nestbatch::fill_padding``
     on the CPU). ``fallback`` computes the same thing where this path does not apply."""
-    if not _applies(data, sizes):
-        return fallback(data, sizes, value)
-    if data.numel() * data.element_size() < ONE_WRITE_FILL_BYTES:
+    large = data.numel() * data.element_size() >= ONE_WRITE_FILL_BYTES
+    if not (large and _applies(data, sizes)):
         return fallback(data, sizes, value)
     batch, width = data.shape[:2]
     lengths = sizes.long().clamp(0, width)
@@ -398,13 +368,13 @@ def _selects(slots: int, *tensors: Tensor, limit: int | None = None) -> bool:
     return True
 
 
-def _write_selects(to_write: Tensor, indices: Tensor, into: Tensor) -> bool:
+def _write_selects(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> bool:
     slots = indices.numel()
     row_bytes = math.prod(to_write.shape[2:]) * to_write.element_size()
     return slots * row_bytes <= WRITE_SELECTION_BYTES and _selects(slots, to_write, indices, into)
 
 
-def _access_selects(data: Tensor, indices: Tensor) -> bool:
+def _access_selects(data: Tensor, indices: Tensor, *_: object) -> bool:
     slots = indices.numel()
     shape = data.shape
     return (shape[1] > 0 and slots * math.prod(shape[2:]) * data.element_size()
@@ -465,29 +435,22 @@ def _select_to_mask(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
 
 #: Operator name -> (whether its selection path runs on the arguments, the path itself).
 _SELECTION_PATHS = {
-    "indexing_access": (lambda data, indices, *_: _access_selects(data, indices),
-                        _select_access),
-    "indexing_write": (lambda to_write, indices, sizes, into: _write_selects(
-        to_write, indices, into), _select_write),
+    "indexing_access": (_access_selects, _select_access),
+    "indexing_write": (_write_selects, _select_write),
     "inverse_indexing_access": (lambda data, indices, *_: _selects(
         indices.numel(), data, indices, limit=GATHER_SELECTION_SLOTS), _select_inverse),
     "index_mapping": (lambda source, source_indices, target_indices, sizes, target: _selects(
         source_indices.numel(), source, source_indices, target_indices, target,
         limit=GATHER_SELECTION_SLOTS), _select_mapping),
-    "indices_to_mask": (lambda indices, *_: _selects(indices.numel(), indices),
-                        _select_to_mask),
+    "indices_to_mask": (lambda indices, *_: _selects(indices.numel(), indices), _select_to_mask),
 }
 
 
 def call_validating(name: str, args: tuple) -> Tensor | None:
     """Operator ``name`` on host tensors ``args`` when its selection path runs on them, else
-    ``None`` (nothing computed).
-
-    A selection path checks the indices itself: it raises (``IndexError`` or
-    ``RuntimeError``) for every valid slot outside ``[-n, n)``, ``n`` the size of the dim the
-    slot indexes, and counts a negative slot from the end of that dim or raises for it too.
-    A caller that would otherwise read the smallest and largest index first (2-3 ops per index
-    tensor) can run it and check only when it raises.
+    ``None`` (nothing computed). A selection path checks the indices itself, as
+    :func:`nestbatch.kernels.call_validating` describes: a caller that would otherwise read the
+    smallest and largest index first (2-3 ops per index tensor) can check only when it raises.
     """
     path = _SELECTION_PATHS.get(name)
     if path is None or not path[0](*args):
@@ -536,10 +499,8 @@ def row_counts(mask: Tensor) -> Tensor:
 
 
 def _true_positions(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
-    """``(positions (B, max_count), kept (B, max_count))`` of a ``(B, N)`` mask with
-    ``max_count <= N``: each row's True positions in increasing order (a stable descending sort
-    of the row puts them first), entries of rank ``>= max_count`` dropped; ``kept`` (the sorted
-    row) marks the slots below the row's count (the positions past it are meaningless)."""
+    """Each row's True positions in increasing order (a stable descending sort puts them first)
+    cut at ``max_count <= N``, and ``kept``: the sorted row, True below the row's count."""
     kept, positions = torch.sort(mask, dim=1, descending=True, stable=True)
     return positions[:, :max_count], kept[:, :max_count]
 

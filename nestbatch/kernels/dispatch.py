@@ -18,12 +18,11 @@ _ops = torch.ops.nestbatch
 def call(name: str, *args: object) -> object:
     """Run operator ``nestbatch::<name>`` on arguments the caller has already validated.
 
-    The one road from nestbatch's layouts to the operators: no argument checks (the public
-    functions of this module make them), no device reads. CUDA tensors, fake tensors and
-    graphs that ``torch.compile`` traces go through the operator (compiled kernel, fake kernel,
-    autograd formula). Host tensors would only run its CPU implementation, so that is called
-    directly: the same computation, differentiated by PyTorch's autograd, without the
-    custom-op dispatch (about 50 us a call).
+    The one road from nestbatch's layouts to the operators: no argument checks, no device
+    reads. CUDA tensors, fake tensors and graphs that ``torch.compile`` traces go through the
+    operator (compiled kernel, fake kernel, autograd formula). Host tensors would only run its
+    CPU implementation, so that is called directly: the same computation, differentiated by
+    PyTorch's autograd, without the custom-op dispatch (about 50 us a call).
     """
     first = args[0]
     if isinstance(first, FakeTensor) or torch.compiler.is_compiling():
@@ -69,12 +68,9 @@ def runs_compiled(args: tuple) -> bool:
 
 def _direct_kernel(name: str, args: tuple):
     """The compiled CUDA kernel of operator ``name`` when it covers ``args`` (their dtypes) and
-    autograd has nothing to record, else ``None``.
-
-    Called straight through the C++ dispatcher: the same kernel the operator would run, without
-    the Python layers of ``torch.library.custom_op`` (about 15 us a call, the kernel's own time
-    at small sizes). One pass over ``args`` without generator frames: every CUDA call pays it.
-    """
+    autograd has nothing to record, else ``None``: the operator's kernel without the Python
+    layers of ``torch.library.custom_op`` (about 15 us a call, the kernel's own time at small
+    sizes). One pass over ``args`` without generator frames: every CUDA call pays it."""
     grad = torch.is_grad_enabled()
     for arg in args:
         if isinstance(arg, Tensor) and (

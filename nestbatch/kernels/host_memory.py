@@ -40,10 +40,8 @@ MIN_HUGE_PAGES = 4
 
 @functools.cache
 def huge_page_size() -> int:
-    """Bytes of a transparent huge page when advising helps here, else 0.
-
-    Cached: the system's mode and the C library are looked up once per process.
-    """
+    """Bytes of a transparent huge page when advising helps here, else 0 (cached: the system's
+    mode and the C library are looked up once per process)."""
     if sys.platform != "linux" or os.environ.get("NESTBATCH_HUGE_PAGES") == "0":
         return 0
     try:

@@ -4,11 +4,9 @@ Every operator is a :func:`torch.library.custom_op`, so ``torch.compile`` traces
 opaque node (its fake kernel gives output shapes without running it) and ``torch.library.opcheck``
 can verify its registrations.
 
-* The device-agnostic implementation (used on CUDA when the compiled extension is missing, and
-  on the CPU) is the pure-PyTorch reference of :mod:`nestbatch.kernels.torch_impl`. On the CPU
-  every operator runs :mod:`nestbatch.kernels.cpu` instead (same results: one write per
-  element and aten's jagged kernels for the conversions, a selection path for small index
-  operators), which calls the reference where its shortcuts do not apply.
+* The device-agnostic implementation is the pure-PyTorch reference of
+  :mod:`nestbatch.kernels.torch_impl`. On the CPU every operator runs :mod:`nestbatch.kernels.cpu`
+  instead (same results), which calls the reference where its shortcuts do not apply.
 * The CUDA implementation calls the compiled kernels of ``csrc/`` (``torch.ops.nestbatch_cuda``)
   when :func:`nestbatch.kernels.extension.load_extension` succeeds, and the reference otherwise.
 * Output sizes that depend on data (the total of a batch, the largest count of a mask) are int
@@ -45,17 +43,19 @@ __all__ = [
     "padded_to_packed_op",
 ]
 
-
+#: What every operator runs on the CPU, by name (filled by :func:`_define`).
+CPU_IMPLEMENTATIONS: dict = {}
+# What the kernels' dtype dispatch covers (the same as aten's jagged kernels); other dtypes
+# (complex, unsigned 16-64 bit, float8) run the PyTorch implementation on the GPU.
+KERNEL_DTYPES = cpu.KERNEL_DTYPES
 _COMPILED_ENTRY_POINTS: dict = {}
 
 
 def compiled_kernel(name: str):
     """The C++ entry point of ``torch.ops.nestbatch_cuda.<name>`` (its one overload, resolved
-    once) when the CUDA extension is loaded, else ``None``.
-
-    Called like the operator, through the C++ dispatcher (dispatch modes and CUDA-graph capture
-    see it), without the Python layers of the overload packet.
-    """
+    once) when the CUDA extension is loaded, else ``None``: called like the operator, through the
+    C++ dispatcher (dispatch modes and CUDA-graph capture see it), without the overload packet's
+    Python layers."""
     if not load_extension():
         return None
     kernel = _COMPILED_ENTRY_POINTS.get(name)
@@ -64,14 +64,14 @@ def compiled_kernel(name: str):
     return kernel
 
 
-def _define(name: str, reference_impl, cpu_impl=None):
-    """Operator ``nestbatch::<name>`` running ``cpu_impl`` (default ``reference_impl``) on the
-    CPU, and on CUDA tensors the compiled kernel ``torch.ops.nestbatch_cuda.<name>``
-    (``reference_impl`` when the extension is missing). The schema is inferred from
-    ``reference_impl``'s annotations."""
+def _define(name: str, reference_impl, cpu_impl):
+    """Operator ``nestbatch::<name>`` running ``cpu_impl`` on the CPU (listed in
+    :data:`CPU_IMPLEMENTATIONS`), and on CUDA tensors the compiled kernel
+    ``torch.ops.nestbatch_cuda.<name>`` (``reference_impl`` when the extension is missing). The
+    schema is inferred from ``reference_impl``'s annotations."""
     op = torch.library.custom_op(f"nestbatch::{name}", reference_impl, mutates_args=())
-    if cpu_impl is not None:
-        op.register_kernel("cpu")(cpu_impl)
+    op.register_kernel("cpu")(cpu_impl)
+    CPU_IMPLEMENTATIONS[name] = cpu_impl
 
     @op.register_kernel("cuda")
     def _(*args):
@@ -81,26 +81,14 @@ def _define(name: str, reference_impl, cpu_impl=None):
     return op
 
 
-# What the kernels' dtype dispatch covers (AT_ALL_TYPES plus Half, BFloat16 and Bool); other
-# dtypes (complex, unsigned 16-64 bit, float8) run the PyTorch implementation on the GPU.
-KERNEL_DTYPES = frozenset({
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool,
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-})
-
-
 def kernels_cover(args: tuple) -> bool:
     return all(a.dtype in KERNEL_DTYPES for a in args if isinstance(a, Tensor))
 
 
 def _accumulate_rows(grad: Tensor, indices: Tensor, sizes: Tensor, num_sources: int) -> Tensor:
-    """Backward of a per-sample gather: sum the rows of ``grad`` into their source rows.
-
-    ``grad`` ``(B, M, *D)`` -> ``(B, num_sources, *D)``. Sources may repeat (their gradients add
-    up); padded slots contribute nothing. This is the computation autograd derives for the
-    reference gather, written out once so both the compiled and the reference path share it and
-    agree bit for bit.
-    """
+    """Backward of a per-sample gather: ``grad`` ``(B, M, *D)`` summed into its source rows,
+    ``(B, num_sources, *D)`` (repeated sources add up, padded slots give nothing). What autograd
+    derives for the reference gather, written out once so that both paths agree bit for bit."""
     num_samples = grad.shape[0]
     out = grad.new_zeros((num_samples, num_sources, *grad.shape[2:]))
     if num_sources == 0 or grad.numel() == 0:
@@ -109,6 +97,22 @@ def _accumulate_rows(grad: Tensor, indices: Tensor, sizes: Tensor, num_sources: 
     safe = torch.ops.nestbatch.fill_padding(indices, sizes, 0).long()
     batch = torch.arange(num_samples, device=grad.device).unsqueeze(1)
     return out.index_put_((batch, safe), masked, accumulate=True)
+
+
+def _saving(*positions: int):
+    """A ``setup_context`` keeping ``inputs[i]`` for ``i`` in ``positions`` (``ctx.saved_tensors``)
+    and the first input's shape (``ctx.shape``) for backward."""
+
+    def setup(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*(inputs[i] for i in positions))
+        ctx.shape = inputs[0].shape
+
+    return setup
+
+
+def _contiguous_like(position: int):
+    """A fake kernel: an empty contiguous tensor like the operator's input ``position``."""
+    return lambda *args: torch.empty_like(args[position], memory_format=torch.contiguous_format)
 
 
 # ------------------------------------------------------------------------------ packed -> padded
@@ -122,11 +126,7 @@ def packed_to_padded_torch(
 # (The CPU implementations are partials, not wrapper functions: the same call without a Python
 # frame, which :func:`nestbatch.kernels.call` pays on every host call.)
 _packed_to_padded_cpu = partial(cpu.packed_to_padded, fallback=packed_to_padded_torch)
-
-
-packed_to_padded_op = _define(
-    "packed_to_padded", packed_to_padded_torch, _packed_to_padded_cpu
-)
+packed_to_padded_op = _define("packed_to_padded", packed_to_padded_torch, _packed_to_padded_cpu)
 
 
 @packed_to_padded_op.register_fake
@@ -134,20 +134,12 @@ def _(values: Tensor, offsets: Tensor, max_len: int, padding_value: Number) -> T
     return values.new_empty((offsets.shape[0] - 1, max_len, *values.shape[1:]))
 
 
-def _packed_to_padded_setup(ctx, inputs, output) -> None:
-    values, offsets, _, _ = inputs
-    ctx.save_for_backward(offsets)
-    ctx.total = values.shape[0]
-
-
 def _packed_to_padded_backward(ctx, grad):
     (offsets,) = ctx.saved_tensors
-    return torch.ops.nestbatch.padded_to_packed(grad, offsets, ctx.total), None, None, None
+    return torch.ops.nestbatch.padded_to_packed(grad, offsets, ctx.shape[0]), None, None, None
 
 
-packed_to_padded_op.register_autograd(
-    _packed_to_padded_backward, setup_context=_packed_to_padded_setup
-)
+packed_to_padded_op.register_autograd(_packed_to_padded_backward, setup_context=_saving(1))
 
 
 # ------------------------------------------------------------------------------ padded -> packed
@@ -157,11 +149,7 @@ def padded_to_packed_torch(data: Tensor, offsets: Tensor, total: int) -> Tensor:
 
 
 _padded_to_packed_cpu = partial(cpu.padded_to_packed, fallback=padded_to_packed_torch)
-
-
-padded_to_packed_op = _define(
-    "padded_to_packed", padded_to_packed_torch, _padded_to_packed_cpu
-)
+padded_to_packed_op = _define("padded_to_packed", padded_to_packed_torch, _padded_to_packed_cpu)
 
 
 @padded_to_packed_op.register_fake
@@ -169,20 +157,12 @@ def _(data: Tensor, offsets: Tensor, total: int) -> Tensor:
     return data.new_empty((total, *data.shape[2:]))
 
 
-def _padded_to_packed_setup(ctx, inputs, output) -> None:
-    data, offsets, _ = inputs
-    ctx.save_for_backward(offsets)
-    ctx.max_len = data.shape[1]
-
-
 def _padded_to_packed_backward(ctx, grad):
     (offsets,) = ctx.saved_tensors
-    return torch.ops.nestbatch.packed_to_padded(grad, offsets, ctx.max_len, 0), None, None
+    return torch.ops.nestbatch.packed_to_padded(grad, offsets, ctx.shape[1], 0), None, None
 
 
-padded_to_packed_op.register_autograd(
-    _padded_to_packed_backward, setup_context=_padded_to_packed_setup
-)
+padded_to_packed_op.register_autograd(_padded_to_packed_backward, setup_context=_saving(1))
 
 
 # --------------------------------------------------------------------------------- fill padding
@@ -192,18 +172,8 @@ def fill_padding_torch(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
 
 
 _fill_padding_cpu = partial(cpu.fill_padding, fallback=fill_padding_torch)
-
-
 fill_padding_op = _define("fill_padding", fill_padding_torch, _fill_padding_cpu)
-
-
-@fill_padding_op.register_fake
-def _(data: Tensor, sizes: Tensor, value: Number) -> Tensor:
-    return torch.empty_like(data, memory_format=torch.contiguous_format)
-
-
-def _sizes_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(inputs[1])
+fill_padding_op.register_fake(_contiguous_like(0))
 
 
 def _fill_padding_backward(ctx, grad):
@@ -211,7 +181,7 @@ def _fill_padding_backward(ctx, grad):
     return torch.ops.nestbatch.fill_padding(grad, sizes, 0), None, None
 
 
-fill_padding_op.register_autograd(_fill_padding_backward, setup_context=_sizes_setup)
+fill_padding_op.register_autograd(_fill_padding_backward, setup_context=_saving(1))
 
 
 # ------------------------------------------------------------------------------ indexing access
@@ -223,8 +193,6 @@ def indexing_access_torch(
 
 
 _indexing_access_cpu = partial(cpu.indexing_access, fallback=indexing_access_torch)
-
-
 indexing_access_op = _define("indexing_access", indexing_access_torch, _indexing_access_cpu)
 
 
@@ -233,43 +201,23 @@ def _(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number) -> Ten
     return data.new_empty((data.shape[0], indices.shape[1], *data.shape[2:]))
 
 
-def _indexing_access_setup(ctx, inputs, output) -> None:
-    data, indices, sizes, _ = inputs
-    ctx.save_for_backward(indices, sizes)
-    ctx.num_sources = data.shape[1]
-
-
 def _indexing_access_backward(ctx, grad):
     indices, sizes = ctx.saved_tensors
-    return _accumulate_rows(grad, indices, sizes, ctx.num_sources), None, None, None
+    return _accumulate_rows(grad, indices, sizes, ctx.shape[1]), None, None, None
 
 
-indexing_access_op.register_autograd(
-    _indexing_access_backward, setup_context=_indexing_access_setup
-)
+indexing_access_op.register_autograd(_indexing_access_backward, setup_context=_saving(1, 2))
 
 
 # ------------------------------------------------------------------------------- indexing write
-def indexing_write_torch(
-    to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor
-) -> Tensor:
+def indexing_write_torch(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
     """``into`` with ``out[b, indices[b, j]] = to_write[b, j]`` for ``j < sizes[b]``."""
     return torch_impl.indexing_write(to_write, indices, sizes, into).contiguous()
 
 
 _indexing_write_cpu = partial(cpu.indexing_write, fallback=indexing_write_torch)
 indexing_write_op = _define("indexing_write", indexing_write_torch, _indexing_write_cpu)
-
-
-@indexing_write_op.register_fake
-def _(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
-    return torch.empty_like(into, memory_format=torch.contiguous_format)
-
-
-def _indexing_write_setup(ctx, inputs, output) -> None:
-    to_write, indices, sizes, _ = inputs
-    ctx.save_for_backward(indices, sizes)
-    ctx.write_shape = to_write.shape
+indexing_write_op.register_fake(_contiguous_like(3))
 
 
 def _indexing_write_backward(ctx, grad):
@@ -279,12 +227,12 @@ def _indexing_write_backward(ctx, grad):
         grad_values = torch.ops.nestbatch.indexing_access(grad, indices, sizes, 0)
     if ctx.needs_input_grad[3]:
         # Overwritten positions of ``into`` do not reach the output: their gradient is 0.
-        zeros = grad.new_zeros(ctx.write_shape)
+        zeros = grad.new_zeros(ctx.shape)
         grad_into = torch.ops.nestbatch.indexing_write(zeros, indices, sizes, grad)
     return grad_values, None, None, grad_into
 
 
-indexing_write_op.register_autograd(_indexing_write_backward, setup_context=_indexing_write_setup)
+indexing_write_op.register_autograd(_indexing_write_backward, setup_context=_saving(1, 2))
 
 
 # ---------------------------------------------------------------------- inverse indexing access
@@ -312,17 +260,13 @@ def _(
     return data.new_empty((data.shape[0], num_targets, *data.shape[2:]))
 
 
-def _inverse_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(inputs[1], inputs[2])
-
-
 def _inverse_backward(ctx, grad):
     indices, sizes = ctx.saved_tensors
     grad_data = torch.ops.nestbatch.indexing_access(grad, indices, sizes, 0)
     return grad_data, None, None, None, None
 
 
-inverse_indexing_access_op.register_autograd(_inverse_backward, setup_context=_inverse_setup)
+inverse_indexing_access_op.register_autograd(_inverse_backward, setup_context=_saving(1, 2))
 
 
 # -------------------------------------------------------------------------------- index mapping
@@ -337,19 +281,7 @@ def index_mapping_torch(
 
 _index_mapping_cpu = partial(cpu.index_mapping, fallback=index_mapping_torch)
 index_mapping_op = _define("index_mapping", index_mapping_torch, _index_mapping_cpu)
-
-
-@index_mapping_op.register_fake
-def _(
-    source: Tensor, source_indices: Tensor, target_indices: Tensor, sizes: Tensor, target: Tensor
-) -> Tensor:
-    return torch.empty_like(target, memory_format=torch.contiguous_format)
-
-
-def _index_mapping_setup(ctx, inputs, output) -> None:
-    source, source_indices, target_indices, sizes, _ = inputs
-    ctx.save_for_backward(source_indices, target_indices, sizes)
-    ctx.num_sources = source.shape[1]
+index_mapping_op.register_fake(_contiguous_like(4))
 
 
 def _index_mapping_backward(ctx, grad):
@@ -357,7 +289,7 @@ def _index_mapping_backward(ctx, grad):
     grad_source = grad_target = None
     mapped = torch.ops.nestbatch.indexing_access(grad, target_indices, sizes, 0)
     if ctx.needs_input_grad[0]:
-        grad_source = _accumulate_rows(mapped, source_indices, sizes, ctx.num_sources)
+        grad_source = _accumulate_rows(mapped, source_indices, sizes, ctx.shape[1])
     if ctx.needs_input_grad[4]:
         grad_target = torch.ops.nestbatch.indexing_write(
             torch.zeros_like(mapped), target_indices, sizes, grad
@@ -365,7 +297,7 @@ def _index_mapping_backward(ctx, grad):
     return grad_source, None, None, None, grad_target
 
 
-index_mapping_op.register_autograd(_index_mapping_backward, setup_context=_index_mapping_setup)
+index_mapping_op.register_autograd(_index_mapping_backward, setup_context=_saving(1, 2, 3))
 
 
 # ------------------------------------------------------------------------------- mask -> indices
@@ -383,10 +315,8 @@ mask_to_indices_op = _define("mask_to_indices", mask_to_indices_torch, _mask_to_
 @mask_to_indices_op.register_fake
 def _(mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
     num_samples = mask.shape[0]
-    return (
-        mask.new_empty((num_samples, max_count), dtype=torch.int64),
-        mask.new_empty((num_samples,), dtype=torch.int64),
-    )
+    indices = mask.new_empty((num_samples, max_count), dtype=torch.int64)
+    return indices, mask.new_empty((num_samples,), dtype=torch.int64)
 
 
 # ------------------------------------------------------------------------------- indices -> mask
@@ -411,9 +341,7 @@ def bool_compaction_torch(data: Tensor, mask: Tensor, max_count: int) -> tuple[T
     return torch_impl.indexing_access(data, indices, counts, 0).contiguous(), counts
 
 
-def _bool_compaction_by_gather(
-    data: Tensor, mask: Tensor, max_count: int
-) -> tuple[Tensor, Tensor]:
+def _bool_compaction_by_gather(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
     # Large host masks: the indices, then the CPU gather (its one-write path for large outputs).
     indices, counts = mask_to_indices_torch(mask, max_count)
     return _indexing_access_cpu(data, indices, counts, 0), counts
@@ -426,41 +354,16 @@ bool_compaction_op = _define("bool_compaction", bool_compaction_torch, _bool_com
 @bool_compaction_op.register_fake
 def _(data: Tensor, mask: Tensor, max_count: int) -> tuple[Tensor, Tensor]:
     num_samples = data.shape[0]
-    return (
-        data.new_empty((num_samples, max_count, *data.shape[2:])),
-        data.new_empty((num_samples,), dtype=torch.int64),
-    )
-
-
-def _bool_compaction_setup(ctx, inputs, output) -> None:
-    data, mask, max_count = inputs
-    ctx.save_for_backward(mask)
-    ctx.max_count = max_count
-    ctx.num_sources = data.shape[1]
-    ctx.mark_non_differentiable(output[1])
+    out = data.new_empty((num_samples, max_count, *data.shape[2:]))
+    return out, data.new_empty((num_samples,), dtype=torch.int64)
 
 
 def _bool_compaction_backward(ctx, grad, grad_counts):
+    # (The int64 counts are not differentiable; grad is (B, max_count, *D).)
     (mask,) = ctx.saved_tensors
-    indices, counts = torch.ops.nestbatch.mask_to_indices(mask, ctx.max_count)
-    return _accumulate_rows(grad, indices, counts, ctx.num_sources), None, None
+    indices, counts = torch.ops.nestbatch.mask_to_indices(mask, grad.shape[1])
+    return _accumulate_rows(grad, indices, counts, ctx.shape[1]), None, None
 
 
-bool_compaction_op.register_autograd(
-    _bool_compaction_backward, setup_context=_bool_compaction_setup
-)
+bool_compaction_op.register_autograd(_bool_compaction_backward, setup_context=_saving(1))
 
-
-# What every operator runs on the CPU, by name.
-CPU_IMPLEMENTATIONS = {
-    "packed_to_padded": _packed_to_padded_cpu,
-    "padded_to_packed": _padded_to_packed_cpu,
-    "fill_padding": _fill_padding_cpu,
-    "indexing_access": _indexing_access_cpu,
-    "indexing_write": _indexing_write_cpu,
-    "inverse_indexing_access": _inverse_indexing_access_cpu,
-    "index_mapping": _index_mapping_cpu,
-    "mask_to_indices": _mask_to_indices_cpu,
-    "indices_to_mask": _indices_to_mask_cpu,
-    "bool_compaction": _bool_compaction_cpu,
-}

@@ -4,28 +4,22 @@ Conversions between packed and padded rows with one ragged dim take the packed `
 ``(B + 1,)`` and host ints (``max_len``, ``total``), never a layout object, so this module is a
 leaf: it imports nothing from nestbatch.
 
-The batched, per-sample indexing primitives work on *normalized* tensors: a single batch dim at
-position 0 and the indexed (non-uniform) dim at position 1, i.e. data of shape
-``(B, N, *D)``, per-sample index tensors of shape ``(B, M)`` and per-sample
-valid counts ``sizes`` of shape ``(B,)``.  Index slot ``j`` of sample ``b`` is
-*valid* when ``j < sizes[b]``; padded (invalid) slots are never read, so they
-may hold any value, even an out-of-range one.
+The batched, per-sample indexing primitives work on *normalized* tensors: data ``(B, N, *D)``
+(one batch dim, then the indexed dim), per-sample index tensors ``(B, M)`` and per-sample valid
+counts ``sizes`` ``(B,)``. Index slot ``j`` of sample ``b`` is *valid* when ``j < sizes[b]``;
+padded (invalid) slots are never read, so they may hold any value, even an out-of-range one.
 
 Conventions shared by all primitives:
 
-* Valid indices must already be non-negative and in range: resolving negative
-  indices needs the per-sample valid size of the *indexed* object, which only
-  the caller (``nestbatch.compat.batching_helpers``) knows.  No range checks happen
-  here, so no host synchronization is introduced (except where the output
-  shape depends on data, see :func:`mask_to_indices`).
+* Valid indices must already be non-negative and in range: resolving negative indices needs the
+  per-sample valid size of the *indexed* object, which only the caller
+  (``nestbatch.compat.batching_helpers``) knows. No range checks happen here, so no host
+  synchronization is introduced (except where the output shape depends on data, see
+  :func:`mask_to_indices`).
 * Index and size tensors may be ``int32`` or ``int64``.
-* Inputs are never modified in place; all functions are differentiable with
-  respect to their floating point data arguments through ordinary torch
-  autograd, and gradients of filler slots are zero.
-
-These functions are the seam where dedicated device kernels can be plugged in
-(e.g. as ``torch.library`` operators); the semantics documented here are the
-contract those kernels have to follow.
+* Inputs are never modified in place; all functions are differentiable with respect to their
+  floating point data arguments through ordinary torch autograd, and gradients of filler slots
+  are zero.
 """
 
 from __future__ import annotations
@@ -132,8 +126,7 @@ def fill_padding(data: Tensor, sizes: Tensor, value: float) -> Tensor:
     data : Tensor
         Shape ``(B, N, *D)``.
     sizes : Tensor
-        Integer tensor of shape ``(B,)``; slots ``>= sizes[b]`` along dim 1 are
-        padding.
+        Integer tensor of shape ``(B,)``; slots ``>= sizes[b]`` along dim 1 are padding.
     value : float or int or bool
         Value written into the padded slots (cast to ``data.dtype``).
 
@@ -156,8 +149,7 @@ def indexing_access(
     data : Tensor
         Shape ``(B, N, *D)``.
     indices : Tensor
-        ``int32``/``int64`` of shape ``(B, M)``; valid slots hold indices in
-        ``[0, N)``.
+        ``int32``/``int64`` of shape ``(B, M)``; valid slots hold indices in ``[0, N)``.
     sizes : Tensor
         Shape ``(B,)``, number of valid index slots per sample.
     filler_value : float or int or bool
@@ -166,8 +158,7 @@ def indexing_access(
     Returns
     -------
     Tensor
-        Shape ``(B, M, *D)``. Duplicate indices are allowed; their gradients
-        add up in ``data``.
+        Shape ``(B, M, *D)``. Duplicate indices are allowed; their gradients add up in ``data``.
     """
     num_samples, width = indices.shape
     shape = (num_samples, width, *data.shape[2:])
@@ -213,20 +204,19 @@ def indexing_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tenso
     to_write : Tensor
         Shape ``(B, M, *D)``, same dtype as ``into``.
     indices : Tensor
-        ``int32``/``int64`` of shape ``(B, M)``; valid slots hold indices in
-        ``[0, N)``. Valid indices of a sample should be unique; for duplicates
-        an unspecified one of the written values wins.
+        ``int32``/``int64`` of shape ``(B, M)``; valid slots hold indices in ``[0, N)``. Valid
+        indices of a sample should be unique; for duplicates an unspecified one of the written
+        values wins.
     sizes : Tensor
         Shape ``(B,)``, number of valid index slots per sample.
     into : Tensor
-        Shape ``(B, N, *D)``; the values at all positions not written to are
-        taken from here.
+        Shape ``(B, N, *D)``; the values at all positions not written to are taken from here.
 
     Returns
     -------
     Tensor
-        Shape ``(B, N, *D)``. Gradients reach ``into`` only at positions that
-        were not overwritten.
+        Shape ``(B, N, *D)``. Gradients reach ``into`` only at positions that were not
+        overwritten.
     """
     num_samples, width = indices.shape
     num_targets = into.shape[1]
@@ -253,8 +243,8 @@ def inverse_indexing_access(
     data : Tensor
         Shape ``(B, M, *D)``.
     indices : Tensor
-        ``int32``/``int64`` of shape ``(B, M)``; valid slots hold unique
-        indices in ``[0, num_targets)``.
+        ``int32``/``int64`` of shape ``(B, M)``; valid slots hold unique indices in
+        ``[0, num_targets)``.
     sizes : Tensor
         Shape ``(B,)``, number of valid index slots per sample.
     num_targets : int
@@ -281,8 +271,7 @@ def index_mapping(
     source : Tensor
         Shape ``(B, Ns, *D)``.
     source_indices : Tensor
-        Shape ``(B, M)``; valid slots in ``[0, Ns)``, duplicates allowed
-        (their gradients add up).
+        Shape ``(B, M)``; valid slots in ``[0, Ns)``, duplicates allowed (their gradients add up).
     target_indices : Tensor
         Shape ``(B, M)``; valid slots hold unique indices in ``[0, Nt)``.
     sizes : Tensor
@@ -301,9 +290,6 @@ def index_mapping(
 
 def mask_to_indices(mask: Tensor, max_count: int | None = None) -> tuple[Tensor, Tensor]:
     """Positions of the ``True`` entries of each row of a mask, in increasing order.
-
-    Without ``max_count`` this needs one host synchronization (``.item()``): the output width is
-    the largest ``True`` count.
 
     Parameters
     ----------
@@ -362,8 +348,7 @@ def indices_to_mask(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:
 def bool_compaction(data: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Per-sample boolean selection, packed to the front of dim 1.
 
-    Needs one host synchronization (``.item()``) because the output width is
-    the largest ``True`` count.
+    The output width is the largest ``True`` count: reading it is one host synchronization.
 
     Parameters
     ----------

@@ -77,11 +77,9 @@ class RaggedLayout:
         """Device of the data."""
         return self.partition.device
 
-    def _describe(self) -> str:
-        return (
-            f"batch_size={self.batch_size}, num_ragged_dims={self.num_ragged_dims}, "
-            f"feature_shape={tuple(self.feature_shape)}, dtype={self.dtype}, device={self.device}"
-        )
-
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._describe()})"
+        return (
+            f"{type(self).__name__}(batch_size={self.batch_size}, num_ragged_dims="
+            f"{self.num_ragged_dims}, feature_shape={tuple(self.feature_shape)}, "
+            f"dtype={self.dtype}, device={self.device})"
+        )

@@ -6,9 +6,12 @@ import torch
 from torch import Tensor
 
 from nestbatch.checks import (
+    as_offsets,
+    check_integer_tensor,
     check_non_negative,
     check_offsets_on_device,
-    check_tensor,
+    check_one_of,
+    check_values,
 )
 from nestbatch.layouts.base import RaggedLayout
 from nestbatch.layouts.partition import RowPartition
@@ -51,12 +54,8 @@ class Packed(RaggedLayout):
         partition: RowPartition | None = None,
         validate: bool = True,
     ) -> None:
-        check_tensor(values, "values")
-        if values.dim() < 1:
-            raise ValueError("values must have at least one dim (total, *feature), got a scalar")
-        given = sum(x is not None for x in (offsets, shape_per_sample, partition))
-        if given != 1:
-            raise ValueError("give exactly one of offsets, shape_per_sample or partition")
+        check_values(values)
+        check_one_of(offsets=offsets, shape_per_sample=shape_per_sample, partition=partition)
         if offsets is not None:
             partition = _partition_from_offsets(offsets, values, validate)
         elif shape_per_sample is not None:
@@ -98,13 +97,8 @@ class Packed(RaggedLayout):
 
 
 def _partition_from_offsets(offsets: Tensor, values: Tensor, validate: bool) -> RowPartition:
-    check_tensor(offsets, "offsets")
-    if offsets.is_floating_point() or offsets.is_complex() or offsets.dtype == torch.bool:
-        raise TypeError(f"offsets must be an integer tensor (int32 or int64), got {offsets.dtype}")
-    if offsets.dim() != 1:
-        raise ValueError(f"offsets must be 1-d (B + 1,), got shape {tuple(offsets.shape)}")
     host = offsets.is_cpu and not values.is_cpu  # sizes on the host, data on a device
-    offsets = offsets.to(device=offsets.device if host else values.device, dtype=torch.int64)
+    offsets = as_offsets(offsets, offsets.device if host else values.device)
     if validate:
         check_offsets_on_device(offsets, values.shape[0])  # (host work for host offsets)
     if host:
@@ -113,11 +107,7 @@ def _partition_from_offsets(offsets: Tensor, values: Tensor, validate: bool) -> 
 
 
 def _partition_from_shapes(shapes: Tensor, values: Tensor, validate: bool) -> RowPartition:
-    check_tensor(shapes, "shape_per_sample")
-    if shapes.is_floating_point() or shapes.dtype == torch.bool:
-        raise TypeError(f"shape_per_sample must be an integer tensor, got {shapes.dtype}")
-    if shapes.dim() != 2:
-        raise ValueError(f"shape_per_sample must have shape (B, k), got {tuple(shapes.shape)}")
+    check_integer_tensor(shapes, "shape_per_sample", 2, "(B, k)")
     host = shapes.is_cpu and not values.is_cpu  # sizes on the host, data on a device
     shapes = shapes.to(device=shapes.device if host else values.device, dtype=torch.int64)
     if validate:  # one read (host work for host shapes)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nestbatch.checks import check_fits, check_tensor
+from nestbatch.checks import (
+    check_integer_tensor,
+    check_one_of,
+    check_padded_sizes,
+    check_padding_side,
+    check_tensor,
+)
 from nestbatch.kernels.torch_impl import sizes_mask
 from nestbatch.layouts.base import RaggedLayout
 from nestbatch.layouts.memo import memoized
@@ -55,9 +61,7 @@ class Padded(RaggedLayout):
         validate: bool = True,
     ) -> None:
         check_tensor(data, "data")
-        given = sum(x is not None for x in (lengths, shape_per_sample, partition))
-        if given != 1:
-            raise ValueError("give exactly one of lengths, shape_per_sample or partition")
+        check_one_of(lengths=lengths, shape_per_sample=shape_per_sample, partition=partition)
         if partition is None:
             partition = _partition_from_sizes(data, lengths, shape_per_sample, validate)
         k = partition.num_ragged_dims
@@ -127,45 +131,19 @@ def filler_key(value: float | int | bool) -> object:
     return float.hex(value) if type(value) is float else value
 
 
-def check_padding_side(side: object, num_ragged_dims: int) -> str:
-    """``side`` if it is ``"right"`` or ``"left"`` (the latter with one ragged dim)."""
-    if side not in ("right", "left"):
-        raise ValueError(f'padding_side must be "right" or "left", got {side!r}')
-    if side == "left" and num_ragged_dims != 1:
-        raise ValueError(
-            f'padding_side="left" needs one ragged dim (as pad_sequence), got {num_ragged_dims}'
-        )
-    return side
-
-
 def _partition_from_sizes(
     data: Tensor, lengths: Tensor | None, shapes: Tensor | None, validate: bool
 ) -> RowPartition:
-    name = "lengths" if lengths is not None else "shape_per_sample"
-    sizes = check_tensor(lengths if lengths is not None else shapes, name)
-    if sizes.is_floating_point() or sizes.is_complex() or sizes.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {sizes.dtype}")
-    expected_dims = 1 if lengths is not None else 2
-    if sizes.dim() != expected_dims:
-        raise ValueError(
-            f"{name} must be {expected_dims}-d, got shape {tuple(sizes.shape)}"
-        )
+    if lengths is not None:
+        sizes = check_integer_tensor(lengths, "lengths", 1, "(B,)")
+    else:
+        sizes = check_integer_tensor(shapes, "shape_per_sample", 2, "(B, k)")
     host = sizes.is_cpu and not data.is_cpu  # sizes on the host, data on a device
     sizes = sizes.to(device=sizes.device if host else data.device, dtype=torch.int64)
     if sizes.dim() == 1:
         sizes = sizes[:, None]
-    if sizes.shape[0] != data.shape[0]:
-        raise ValueError(
-            f"{name} has {sizes.shape[0]} samples but data has batch size {data.shape[0]}"
-        )
-    k = sizes.shape[1]
-    if validate:
-        if data.dim() < 1 + k:
-            raise ValueError(
-                f"data must have at least {1 + k} dims for {k} ragged dim(s), got "
-                f"{tuple(data.shape)}"
-            )
-        check_fits(sizes, data.shape[1 : 1 + k], name)  # (host work for host sizes: no sync)
+    name = "lengths" if lengths is not None else "shape_per_sample"
+    check_padded_sizes(data, sizes, name, read_values=validate)  # (host sizes: no sync)
     if host:
         return RowPartition.from_host_shape_tensor(sizes, data.device)
     return RowPartition.from_shapes(sizes)

@@ -12,10 +12,12 @@ The vocabulary is TensorFlow's. A batch of ``B`` samples whose shapes are
 * ``row_ids`` ``(total,)`` int64: the sample of every packed row (TF ``value_rowids``);
 * ``positions`` ``(total,)`` int64: the index of every packed row inside its sample.
 
-Everything is derived from ``shape_per_sample`` on first use and cached, so every layout of a batch
-shares one partition and computes its metadata once. Host-side sizes are kept when known (a batch
-built from a list, or with ``max_len`` given), so shapes of outputs are known without reading device
-memory; when they exist only on the device, the first property that needs them reads them once
+A partition is built from one of them (or, for ragged rank ``r >= 2``, from a chain of one-level
+partitions, outermost first); the others are named caches derived on first use, so every layout
+of a batch shares one partition and computes its metadata once. Host-side sizes are kept when
+known (a batch built from a list, or with ``max_len`` given), so shapes of outputs are known
+without reading device memory; when they exist only on the device, the first property that
+needs them reads them once
 (a device synchronization) and caches them.
 """
 
@@ -81,30 +83,32 @@ class RowPartition:
                 )
             if shape_per_sample.shape[1] < 1:
                 raise ValueError("a batch needs at least one ragged dim (k >= 1)")
-            batch_size, k = shape_per_sample.shape
-            self._init(batch_size, k, shape_per_sample.device, max_shape)
+            self._init(*shape_per_sample.shape, shape_per_sample.device, max_shape)
             self._shapes = shape_per_sample.to(torch.int64)
         if host_shapes is not None:
             self._host_shapes = host_shapes
             self._sizes_on_host = True
 
+    # Every field: the optional ones default here, the required ones are set by _init; the
+    # constructors then set what they know.
+    _shapes: Tensor | None = None  # (B, k) on the device: given, or made on first use
+    _host_shapes: tuple | None = None  # the shapes on the host: given, or read once
+    _host_lengths_tensor: Tensor | None = None  # host lengths held in a CPU tensor
+    # A flag, not a test of the caches: under torch.compile a membership test realizes the
+    # whole ``__dict__`` and guards on its tuples' lengths.
+    _sizes_on_host = False
+    _has_empty: bool | None = None  # see host_has_empty
+    _levels: tuple[RowPartition, ...] | None = None  # see nested
+    _mask_source: Tensor | None = None  # (B, W): the sizes of from_sizes(mask=...)
+    _masks: dict[tuple[int, ...], Tensor] | None = None  # the masks made, by padded shape
+
     def _init(self, batch_size: int, num_ragged_dims: int, device: torch.device | str,
               max_shape: tuple[int, ...] | None = None) -> None:
-        """Every field, in one place; the constructors fill in what they know next."""
+        """The required fields (the optional ones default in the class body)."""
         self._batch_size = batch_size
         self._num_ragged_dims = num_ragged_dims
         self._device = device if type(device) is torch.device else torch.device(device)
-        self._shapes: Tensor | None = None  # (B, k) on the device: given, or made on first use
-        self._host_shapes: tuple | None = None  # the shapes on the host: given, or read once
-        self._host_lengths_tensor: Tensor | None = None  # host lengths held in a CPU tensor
-        # A flag, not a test of the caches: under torch.compile a membership test realizes the
-        # whole ``__dict__`` and guards on its tuples' lengths.
-        self._sizes_on_host = False
         self._max_shape = max_shape
-        self._has_empty: bool | None = None  # see host_has_empty
-        self._levels: tuple[RowPartition, ...] | None = None  # see nested
-        self._masks: dict[tuple[int, ...], Tensor] = {}  # the masks made, by padded shape
-        self._mask_source: Tensor | None = None  # (B, W): the sizes of from_sizes(mask=...)
 
     @classmethod
     def _blank(cls, batch_size: int, num_ragged_dims: int, device: torch.device | str,
@@ -116,9 +120,12 @@ class RowPartition:
         return partition
 
     def _seed(self, **caches: object) -> None:
-        """Hand the memoized caches of these names values the constructor already has (the one
-        place that fills them other than their own first use)."""
-        self.__dict__.update(caches)
+        """Give the memoized caches of these names the values a constructor already has (None:
+        not known); the one place that fills them other than their own first use."""
+        known = self.__dict__
+        for name, value in caches.items():
+            if value is not None:
+                known[name] = value
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -137,8 +144,7 @@ class RowPartition:
         partition = cls._blank(len(host), int(num_ragged_dims), device)
         partition._host_shapes = host
         partition._sizes_on_host = True
-        if offsets is not None:
-            partition._seed(offsets=offsets)
+        partition._seed(offsets=offsets)
         return partition
 
     @classmethod
@@ -169,18 +175,16 @@ class RowPartition:
         partition = cls._blank(len(lengths), 1, device, None if max_len is None else (max_len,))
         partition._sizes_on_host = True
         partition._host_lengths_tensor = as_tensor
-        partition._seed(host_lengths=lengths)
-        if total is not None:
-            partition._seed(total=total)
-        if traceable:
-            if len(lengths) <= _FEW_SIZES and not making_fake_tensors():
-                # _host_offsets' case of few sizes, inline (every small batch takes it), with
-                # the host offsets kept.
-                host = (0, *itertools.accumulate(lengths))
-                host_tensor = torch.frombuffer(array.array("q", host), dtype=torch.int64)
-                partition._seed(host_offsets=host, offsets=partition._to_device(host_tensor))
-            else:
-                partition._seed(offsets=partition._host_offsets(torch.int64))
+        if not traceable:
+            partition._seed(host_lengths=lengths, total=total)
+        elif len(lengths) > _FEW_SIZES or making_fake_tensors():
+            partition._seed(host_lengths=lengths, total=total)
+            partition._seed(offsets=partition._host_offsets(torch.int64))
+        else:  # _host_offsets' case of few sizes, inline: every small batch takes it
+            host = (0, *itertools.accumulate(lengths))
+            host_tensor = torch.frombuffer(array.array("q", host), dtype=torch.int64)
+            offsets = partition._to_device(host_tensor)
+            partition._seed(host_lengths=lengths, total=total, host_offsets=host, offsets=offsets)
         return partition
 
     @classmethod
@@ -192,8 +196,7 @@ class RowPartition:
         offsets are derived from it on first use, at C speed (thousands of samples cost a few
         microseconds instead of a list of Python ints). Not checked: the caller vouches for the
         lengths (non-negative; ``max_len``, when given, the largest)."""
-        partition = cls._blank(lengths.shape[0], 1, device,
-                               None if max_len is None else (max_len,))
+        partition = cls._blank(lengths.shape[0], 1, device, None if max_len is None else (max_len,))
         partition._sizes_on_host = True
         partition._host_lengths_tensor = lengths
         return partition
@@ -227,14 +230,10 @@ class RowPartition:
         """Partition of a batch with one ragged dim, from its offsets ``(B + 1,)`` (int32 or
         int64; kept as given). The lengths are derived on first use; ``row_ids``: the sample of
         every row, when the caller has them (TF's ``value_rowids``)."""
-        max_len = None if max_len is None else _size(max_len)
-        partition = cls._blank(offsets.shape[0] - 1, 1, offsets.device,
-                               None if max_len is None else (max_len,))
-        partition._seed(offsets=offsets)
-        if total is not None:
-            partition._seed(total=int(total))
-        if row_ids is not None:
-            partition._seed(row_ids=row_ids)
+        max_shape = None if max_len is None else (_size(max_len),)
+        partition = cls._blank(offsets.shape[0] - 1, 1, offsets.device, max_shape)
+        total = None if total is None else int(total)
+        partition._seed(offsets=offsets, total=total, row_ids=row_ids)
         return partition
 
     @classmethod
@@ -245,8 +244,7 @@ class RowPartition:
         """Partition from per-sample ragged shapes ``(B, k)`` held on the device; ``offsets``:
         their offsets, when the caller has them (kaolin's ``first_idx``)."""
         partition = cls(shape_per_sample, max_shape=None if max_shape is None else tuple(max_shape))
-        if offsets is not None:
-            partition._seed(offsets=offsets)
+        partition._seed(offsets=offsets)
         return partition
 
     @classmethod
@@ -256,36 +254,59 @@ class RowPartition:
         integer dtype) and / or a prefix ``mask`` ``(..., W)``, both in a batch shape of one or
         more dims that the partition flattens (``B`` samples: their product); the lengths are
         counted from the mask when not given. Both are kept as given. Not checked: the caller
-        vouches that they
-        agree (the ``RaggedBatch`` API's contract); :meth:`lengths_in` / :meth:`mask_in`
-        return them."""
-        given = lengths if lengths is not None else mask
-        dims = given.shape if lengths is not None else given.shape[:-1]
-        partition = cls._blank(math.prod(dims), 1, given.device)
-        partition._seed(lengths_shaped=lengths, mask_shaped=mask)
-        if lengths is not None:
-            partition._seed(lengths=lengths if lengths.dim() == 1 else lengths.reshape(-1))
+        vouches that they agree (the ``RaggedBatch`` API's contract); :meth:`lengths_in` /
+        :meth:`mask_in` return them."""
+        if lengths is not None and lengths.dim() == 1:  # (the common case, on every batch)
+            partition = cls._blank(lengths.shape[0], 1, lengths.device)
+            partition._seed(lengths_shaped=lengths, mask_shaped=mask, lengths=lengths)
+        else:
+            given = lengths if lengths is not None else mask
+            dims = given.shape if lengths is not None else given.shape[:-1]
+            partition = cls._blank(math.prod(dims), 1, given.device)
+            flat = None if lengths is None else lengths.reshape(-1)
+            partition._seed(lengths_shaped=lengths, mask_shaped=mask, lengths=flat)
         if mask is not None:
             flat = mask if mask.dim() == 2 else mask.reshape(partition.batch_size, mask.shape[-1])
-            partition._masks[(mask.shape[-1],)] = flat
+            partition._masks = {(mask.shape[-1],): flat}
             if lengths is None:
                 partition._mask_source = flat
         return partition
 
+    @property
+    def lengths_as_given(self) -> Tensor | None:
+        """The sizes tensor :meth:`from_sizes` was given (or :meth:`lengths_in` made), in its
+        batch shape; None if there is none yet."""
+        return self.__dict__.get("lengths_shaped")
+
+    @property
+    def mask_as_given(self) -> Tensor | None:
+        """The mask :meth:`from_sizes` was given (or :meth:`mask_in` made), in its batch shape;
+        None if there is none yet."""
+        return self.__dict__.get("mask_shaped")
+
     def lengths_in(self, batch_shape: Sequence[int]) -> Tensor:
         """:attr:`lengths` in a batch shape of one or more dims (whose product is ``B``): the
         tensor :meth:`from_sizes` was given, or one view made once."""
+        kept = self.__dict__.get("lengths_shaped")
+        if kept is not None and kept.shape == batch_shape:  # (on every read of the sizes)
+            return kept
         return self._shaped("lengths_shaped", self.lengths, tuple(batch_shape))
 
     def mask_in(self, batch_shape: Sequence[int], width: int) -> Tensor:
         """The mask of padded width ``width`` in a batch shape (see :meth:`lengths_in`)."""
-        return self._shaped("mask_shaped", self.mask((width,)), (*batch_shape, width))
+        sizes = self.lengths_as_given
+        if sizes is not None and sizes.shape == batch_shape and self._levels is None \
+                and "mask_shaped" not in self.__dict__:
+            flat = sizes_mask(sizes, width)  # already in the batch shape: two ops
+        else:
+            flat = self.mask((width,))
+        return self._shaped("mask_shaped", flat, (*batch_shape, width))
 
     def _shaped(self, name: str, flat: Tensor, shape: tuple[int, ...]) -> Tensor:
         kept = self.__dict__.get(name)
-        if kept is not None and tuple(kept.shape) == shape:
+        if kept is not None and kept.shape == shape:
             return kept
-        shaped = flat if tuple(flat.shape) == shape else flat.reshape(shape)
+        shaped = flat if flat.shape == shape else flat.reshape(shape)
         if not torch.compiler.is_compiling():
             self._seed(**{name: shaped})
         return shaped
@@ -352,10 +373,8 @@ class RowPartition:
             if self.num_ragged_dims == 1:
                 self._shapes = self.lengths.view(-1, 1)
             else:
-                flat = itertools.chain.from_iterable(self.host_shapes)
-                self._shapes = self._host_tensor(list(flat)).view(
-                    self.batch_size, self.num_ragged_dims
-                )
+                flat = list(itertools.chain.from_iterable(self.host_shapes))
+                self._shapes = self._host_tensor(flat).view(-1, self.num_ragged_dims)
         return self._shapes
 
     def _require_rectangular(self, what: str) -> None:
@@ -433,20 +452,17 @@ class RowPartition:
     def host_lengths(self) -> tuple[int, ...]:
         """Number of packed rows of every sample, on the host (may synchronize once)."""
         if self._levels is not None:
-            return tuple(self._nested_host_lengths())
+            # Every sample's values: the rows of each level summed up per sample, level by level.
+            counts = self._levels[-1].host_lengths
+            for level in reversed(self._levels[:-1]):
+                offsets = level.host_offsets
+                counts = tuple(sum(counts[a:b]) for a, b in zip(offsets, offsets[1:]))
+            return counts
         if self._host_shapes is None and self._host_lengths_tensor is not None:
             return tuple(self._host_lengths_tensor.tolist())  # a host tensor: no sync
         if self._num_ragged_dims == 1:
             return tuple(shape[0] for shape in self.host_shapes)
         return tuple(math.prod(shape) for shape in self.host_shapes)
-
-    def _nested_host_lengths(self) -> list[int]:
-        # Every sample's values: the rows of each level summed up per sample, level by level.
-        counts = list(self._levels[-1].host_lengths)
-        for level in reversed(self._levels[:-1]):
-            offsets = level.host_offsets
-            counts = [sum(counts[a:b]) for a, b in zip(offsets, offsets[1:])]
-        return counts
 
     def clamped(self, stop: int) -> RowPartition:
         """The partition of ``x[:, :stop]`` for one ragged dim whose lengths the host knows:
@@ -490,8 +506,7 @@ class RowPartition:
             return (max(self.host_lengths, default=0),)
         if self._host_shapes is not None or self.batch_size == 0:
             shapes = self.host_shapes
-            dims = range(self.num_ragged_dims)
-            return tuple(max((s[d] for s in shapes), default=0) for d in dims)
+            return tuple(map(max, zip(*shapes))) if shapes else (0,) * self.num_ragged_dims
         return tuple(self.shape_per_sample.amax(0).tolist())
 
     @memoized
@@ -567,10 +582,9 @@ class RowPartition:
     def _host_offsets(self, dtype: torch.dtype) -> Tensor:
         """The offsets from the host lengths, on the device: one host-to-device copy. Many
         lengths are summed by torch on the host (C speed) rather than by Python."""
-        if self._batch_size <= _FEW_SIZES:
-            return self._host_tensor(self.host_offsets, dtype)
-        if making_fake_tensors():
-            return self._host_tensor(self.host_offsets, dtype, fake=True)
+        fake = making_fake_tensors()
+        if self._batch_size <= _FEW_SIZES or fake:
+            return self._host_tensor(self.host_offsets, dtype, fake=fake)
         read = self._host_lengths_tensor
         if read is None:
             read = torch.frombuffer(array.array("q", self.host_lengths), dtype=torch.int64)
@@ -632,23 +646,24 @@ class RowPartition:
         padded_shape = self.max_shape if padded_shape is None else tuple(padded_shape)
         if torch.compiler.is_compiling():  # (a traced graph neither reads nor keeps the cache)
             return self._make_mask(padded_shape)
+        if self._masks is None:
+            self._masks = {}
         mask = self._masks.get(padded_shape)
         if mask is None:
             mask = self._masks[padded_shape] = self._make_mask(padded_shape)
         return mask
 
-    def _make_mask(self, padded_shape: tuple[int, ...]) -> Tensor:
-        if self._levels is not None:
-            return self._nested_mask(padded_shape)
-        return self._rectangular_mask(padded_shape)
-
     def cached_mask(self, padded_shape: Sequence[int]) -> Tensor | None:
         """The mask of ``padded_shape`` when it was given or made before, else None: reading
         this never computes it."""
-        return self._masks.get(tuple(padded_shape))
+        return None if self._masks is None else self._masks.get(tuple(padded_shape))
 
-    def _rectangular_mask(self, padded_shape: tuple[int, ...]) -> Tensor:
+    def _make_mask(self, padded_shape: tuple[int, ...]) -> Tensor:
+        if self._levels is not None:
+            return self._nested_mask(padded_shape)
         k = self.num_ragged_dims
+        if k == 1:
+            return sizes_mask(self.lengths, padded_shape[0])
         mask = None
         for d, size in enumerate(padded_shape):
             view = [self.batch_size] + [1] * k
@@ -704,7 +719,11 @@ class RowPartition:
         Host-side shapes carry over when ``index`` is a CPU tensor (no synchronization).
         """
         if self._levels is not None:
-            return RowPartition.nested(self._select_levels(index, host_index))
+            levels = []  # every level keeps the rows under the selected ones, in order
+            for level in self._levels:
+                levels.append(level.select(index, host_index))
+                index, host_index = level.rows_under(index, host_index)
+            return RowPartition.nested(levels)
         if self.knows_host_shapes and (host_index is not None or index.is_cpu):
             # ``index`` is a host tensor when the list is not given: reading it is no sync.
             host_index = index.tolist() if host_index is None else host_index
@@ -715,15 +734,6 @@ class RowPartition:
             host = tuple(self.host_shapes[i] for i in host_index)
             return RowPartition.from_host_shapes(host, self._num_ragged_dims, self._device)
         return RowPartition(self.shape_per_sample[index.to(self.device)])
-
-    def _select_levels(self, index: Tensor, host_index: list[int] | None
-                       ) -> list[RowPartition]:
-        # Every level keeps the rows under the selected ones, in order.
-        levels = []
-        for level in self._levels:
-            levels.append(level.select(index, host_index))
-            index, host_index = level.rows_under(index, host_index)
-        return levels
 
     def rows_under(self, index: Tensor, host_index: list[int] | None = None
                    ) -> tuple[Tensor, list[int] | None]:
@@ -736,51 +746,38 @@ class RowPartition:
             rows = [r for i in host_index for r in range(offsets[i], offsets[i + 1])]
             return torch.tensor(rows, dtype=torch.int64), rows
         index = index.to(self._device)
-        counts = self.lengths[index]
+        chosen = RowPartition(self.lengths[index].view(-1, 1))  # (its total: the one read)
         starts = self.offsets[:-1][index].to(torch.int64)
-        total = int(counts.sum())  # the output's size: one read
-        owner = torch.repeat_interleave(counts, output_size=total)
-        first = torch.cumsum(counts, 0) - counts
-        rows = starts[owner] + torch.arange(total, device=self._device) - first[owner]
-        return rows, None
+        return starts[chosen.row_ids] + chosen.positions, None
 
     def __getstate__(self) -> dict:
         # Derived tensors are cheap to recompute; pickling only the source keeps payloads small.
         known = self.knows_host_shapes and self._levels is None
-        return {
+        blank = RowPartition._blank(self._batch_size, self._num_ragged_dims, self._device,
+                                    self._max_shape)
+        state = {
+            **vars(blank),
             "_shapes": None if known else self._shapes,
             "_host_shapes": self.host_shapes if known else None,
-            "_max_shape": self._max_shape,
-            "_device": self._device,
-            "_batch_size": self._batch_size,
-            "_num_ragged_dims": self._num_ragged_dims,
             "_sizes_on_host": self._sizes_on_host,
-            "_host_lengths_tensor": None,
-            "_has_empty": None,
             "_levels": self._levels,
-            "_masks": {},
-            "_mask_source": None,
-            **self._device_source(),
         }
-
-    def _device_source(self) -> dict:
-        """The device sizes a pickled partition needs when it has neither host sizes, device
-        shapes nor levels: its offsets or lengths, and the sizes and mask as they were given."""
-        if self._shapes is not None or self._sizes_on_host or self._levels is not None:
-            return {}
-        kept = {name: self.__dict__[name] for name in ("lengths_shaped", "mask_shaped")
-                if self.__dict__.get(name) is not None}
-        if "offsets" in self.__dict__:
-            return {"offsets": self.__dict__["offsets"], **kept}
-        return {"lengths": self.lengths, **kept}
+        if self._shapes is None and not self._sizes_on_host and self._levels is None:
+            # Sizes only on the device: the offsets (else the lengths), and the sizes and mask
+            # as they were given.
+            if "offsets" not in self.__dict__:
+                state["lengths"] = self.lengths
+            for name in ("offsets", "lengths_shaped", "mask_shaped"):
+                if name in self.__dict__:
+                    state[name] = self.__dict__[name]
+        return state
 
     def __setstate__(self, state: dict) -> None:
-        # (Partitions pickled before the nested levels had a "lengths on host" flag instead.)
+        # Partitions pickled before the nested levels lack the newer fields (they default) and
+        # had a "lengths on host" flag instead.
         state.setdefault("_sizes_on_host", state.get("_host_shapes") is not None)
-        state.setdefault("_levels", None)
-        state.setdefault("_masks", {})
-        state.setdefault("_mask_source", None)
         state.pop("_lengths_on_host", None)
+        self._init(state["_batch_size"], state["_num_ragged_dims"], state["_device"])
         self.__dict__.update(state)
 
     def __repr__(self) -> str:

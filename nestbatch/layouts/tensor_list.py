@@ -9,6 +9,7 @@ from torch import Tensor
 
 from nestbatch.checks import (
     check_same_feature_shape,
+    check_tensor_sequence,
     common_dtype_device,
     normalize_empty_samples,
 )
@@ -54,12 +55,7 @@ class TensorList(RaggedLayout):
         feature_shape: Sequence[int] = (),
         partition: RowPartition | None = None,
     ) -> None:
-        if type(tensors) not in (list, tuple) and (  # (the ABC check costs ~1 us: not first)
-            isinstance(tensors, Tensor) or not isinstance(tensors, Sequence)
-        ):
-            raise TypeError(
-                f"tensors must be a list or tuple of tensors, got {type(tensors).__name__}"
-            )
+        check_tensor_sequence(tensors, items=False)  # (items: by common_dtype_device)
         if not isinstance(num_ragged_dims, int) or isinstance(num_ragged_dims, bool):
             raise TypeError(
                 f"num_ragged_dims must be an int, got {type(num_ragged_dims).__name__} "
@@ -102,11 +98,6 @@ class TensorList(RaggedLayout):
     def recorded_by_autograd(self) -> bool:
         """Whether a stored tensor has a ``grad_fn`` (see :class:`RaggedLayout`)."""
         return any(t.grad_fn is not None for t in self.tensors)
-
-    @property
-    def device(self) -> torch.device:
-        """Device of the samples."""
-        return self.partition.device
 
     def __getitem__(self, i: int) -> Tensor:
         return self.tensors[i]

@@ -91,7 +91,9 @@ def _sdpa(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     out = out.masked_fill(empty.unsqueeze(-1), 0.0)
     if heads:
         out = out.transpose(1, 2)
-    return _wrap_zero_padded(out, q)
+    # The output's padded slots are zeros (rows of padded queries); saying so saves a refill.
+    padded = Padded(out, partition=q.padded(0.0).partition, padding_value=0.0)
+    return NestedBatch(padded, q.ragged_dim)
 
 
 def _check_inputs(q: Any, k: Any, v: Any) -> None:
@@ -120,45 +122,31 @@ def _combined_mask(
 ) -> Tensor:
     """``(B, Lq, Lk)`` or ``(B, H or 1, Lq, Lk)``: the pairs each sample may attend.
 
-    The valid (query, key) pairs, ANDed with a bool user mask, or a float user mask with
-    ``-inf`` at the invalid pairs (whatever the user put there, NaN included, is dropped).
+    The valid (query, key) pairs (both in the sample; with ``causal``, the key not after the
+    query, aligned at the top left as torch does), ANDed with a bool user mask, or a float user
+    mask with ``-inf`` at the invalid pairs (whatever the user put there, NaN included, is
+    dropped).
     """
-    mask = _valid_pairs(q, k, lq, lk, causal)
+    mask = q.partition.mask((lq,))[:, :, None] & k.partition.mask((lk,))[:, None, :]
+    if causal:
+        mask = mask & torch.ones(lq, lk, dtype=torch.bool, device=mask.device).tril()
     mask = mask if num_heads is None else mask.unsqueeze(1)
     if user_mask is None:
         return mask
-    user = _user_mask(user_mask, q, k, num_heads, lq, lk)
+    _check_mask_dtype_device(user_mask, q)
+    if is_batch(user_mask):
+        user = _padded_batch_mask(user_mask, q, k, num_heads, lq, lk)
+    else:
+        user = _dense_mask(user_mask, q.batch_size, num_heads, lq, lk)
     return user & mask if user.dtype == torch.bool else torch.where(mask, user, -torch.inf)
 
 
-def _valid_pairs(queries: Any, keys: Any, lq: int, lk: int, causal: bool) -> Tensor:
-    """``(B, Lq, Lk)`` bool: True where a query and a key both belong to the sample (and, with
-    ``causal``, the key is not after the query, aligned at the top left as torch does)."""
-    q_valid = queries.partition.mask((lq,))
-    k_valid = keys.partition.mask((lk,))
-    mask = q_valid[:, :, None] & k_valid[:, None, :]
-    if causal:
-        mask = mask & torch.ones(lq, lk, dtype=torch.bool, device=mask.device).tril()
-    return mask
-
-
 def _fill_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """The mask with every fully masked row opened, and where those rows are.
+    """``mask`` (bool, or float with ``-inf`` masked) with every fully masked row opened (all
+    True / all 0), and ``(B, [H or 1,] Lq)`` bool: where those rows are.
 
     Not every backend promises zeros (rather than NaN) for a row with no key to attend to;
     opened, the row is finite forward and backward, and the caller overwrites its output.
-
-    Parameters
-    ----------
-    mask : Tensor
-        ``(B, [H or 1,] Lq, Lk)``, bool (True = attend) or float (``-inf`` = masked).
-
-    Returns
-    -------
-    mask : Tensor
-        The same shape and dtype, all True / all 0 on the empty rows.
-    empty : Tensor
-        ``(B, [H or 1,] Lq)`` bool, True on the rows that had no key to attend to.
     """
     if mask.dtype == torch.bool:
         empty = ~mask.any(-1)
@@ -167,28 +155,9 @@ def _fill_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     return mask.masked_fill(empty.unsqueeze(-1), 0.0), empty
 
 
-def _user_mask(
-    attn_mask: Any, q: Any, k: Any, num_heads: int | None, lq: int, lk: int
-) -> Tensor:
-    """The user's ``attn_mask`` as a padded tensor broadcastable to ``(B, [H,] Lq, Lk)``.
-
-    Raises
-    ------
-    TypeError
-        For a mask of a dtype torch refuses.
-    ValueError
-        For a mask on another device, or whose shape does not fit the queries and keys.
-    """
-    _check_mask_dtype_device(attn_mask, q)
-    if is_batch(attn_mask):
-        return _padded_batch_mask(attn_mask, q, k, num_heads, lq, lk)
-    return _dense_mask(attn_mask, q.batch_size, num_heads, lq, lk)
-
-
 def _check_mask_dtype_device(attn_mask: Any, q: Any) -> None:
     # torch accepts bool, the query's dtype and float32 (its "float") for attn_mask.
-    allowed = (torch.bool, q.dtype, torch.float32)
-    if attn_mask.dtype not in allowed:
+    if attn_mask.dtype not in (torch.bool, q.dtype, torch.float32):
         raise TypeError(
             f"attn_mask must be bool or have the query's dtype {q.dtype} (or float32), got "
             f"{attn_mask.dtype}"
@@ -229,9 +198,7 @@ def _check_mask_shapes(mask: Any, q: Any, k: Any) -> None:
     """Raise unless the mask's sample ``i`` is ``(Lq_i, Lk_i)`` (host check when possible)."""
     mp, qp, kp = mask.partition, q.partition, k.partition
     if mp.batch_size != qp.batch_size:
-        raise ValueError(
-            f"attn_mask has {mp.batch_size} samples but the query has {qp.batch_size}"
-        )
+        raise ValueError(f"attn_mask has {mp.batch_size} samples but the query has {qp.batch_size}")
     if all(p.knows_host_shapes for p in (mp, qp, kp)):
         same = all(m == (a, b) for m, (a,), (b,) in zip(mp.host_shapes, qp.host_shapes,
                                                         kp.host_shapes))
@@ -260,10 +227,4 @@ def _dense_mask(mask: Tensor, batch: int, num_heads: int | None, lq: int, lk: in
             f"(B, {'' if num_heads is None else 'H, '}Lq, Lk), got {tuple(mask.shape)}"
         )
     return mask
-
-
-def _wrap_zero_padded(out: Tensor, q: Any) -> Any:
-    # The output's padded slots are zeros (rows of padded queries); saying so saves a refill.
-    padded = Padded(out, partition=q.padded(0.0).partition, padding_value=0.0)
-    return NestedBatch(padded, q.ragged_dim)
 

@@ -13,7 +13,7 @@ With the ragged dim moved to logical dim ``r > 1`` (:attr:`~nestbatch.NestedBatc
 a dense operand may span only the logical dims after the ragged one (they are the trailing
 stored dims), and another batch must present its ragged dim at the same position with as many
 dims. Anything else raises a ``ValueError`` naming the dim and both sizes (TF: "Unable to
-broadcast: dimension size mismatch"). :func:`packed_operands` turns every operand into a tensor that
+broadcast: dimension size mismatch"). :func:`packed_operand` turns every operand into a tensor that
 broadcasts against the packed values ``(total, *feature)``.
 """
 

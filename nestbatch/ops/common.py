@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, forget_derived_layouts, storage_dim, stored_layout
+from nestbatch.checks import normalize_dim as checked_dim
 from nestbatch.layouts import Layout, Padded, RowPartition
 
 PACKED_OR_PADDED = (Layout.PACKED, Layout.PADDED)
@@ -31,12 +32,9 @@ def is_batch(x: Any) -> bool:
 def first_batch(args: Iterable[Any]) -> NestedBatch:
     """The first :class:`~nestbatch.NestedBatch` among ``args`` (one level of lists searched)."""
     for a in args:
-        if is_batch(a):
-            return a
-        if isinstance(a, (list, tuple)):
-            for b in a:
-                if is_batch(b):
-                    return b
+        for b in a if isinstance(a, (list, tuple)) else (a,):
+            if is_batch(b):
+                return b
     raise TypeError("expected a NestedBatch among the arguments")
 
 
@@ -47,10 +45,8 @@ def torch_funcs(*names: str, functional: bool = False) -> tuple[Callable, ...]:
     method spellings of an op in one line.
     """
     found: list[Callable] = []
+    sources = (torch, torch.Tensor, F) if functional else (torch, torch.Tensor)
     for name in names:
-        sources: list[Any] = [torch, torch.Tensor]
-        if functional:
-            sources.append(F)
         for source in sources:
             func = getattr(source, name, None)
             # Only functions: ``torch.float`` is a dtype and ``Tensor.real`` a descriptor (the
@@ -60,20 +56,9 @@ def torch_funcs(*names: str, functional: bool = False) -> tuple[Callable, ...]:
     return tuple(found)
 
 
-def normalize_dim(batch: NestedBatch, dim: int, name: str = "dim") -> int:
-    """``dim`` in ``[0, batch.dim())`` (negative dims count from the end).
-
-    Raises
-    ------
-    IndexError
-        If ``dim`` is out of range.
-    """
-    ndim = batch.dim()
-    if not isinstance(dim, int) or isinstance(dim, bool):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
-    if not -ndim <= dim < ndim:
-        raise IndexError(f"{name}={dim} out of range for a batch with {ndim} dims")
-    return dim % ndim
+def normalize_dim(batch: NestedBatch, dim: object, name: str = "dim") -> int:
+    """``dim`` in ``[0, batch.dim())`` (:func:`nestbatch.checks.normalize_dim`)."""
+    return checked_dim(dim, batch.dim(), name)
 
 
 def dim_kind(batch: NestedBatch, dim: int) -> str:
@@ -152,7 +137,8 @@ def wrap_padded(data: Tensor, partition: RowPartition, ragged_dim: int = 1,
                 filler: float | None = None) -> NestedBatch:
     """A batch over padded ``data`` (stored order) whose padding holds ``filler`` (None: no
     particular value)."""
-    return NestedBatch(Padded(data, partition=partition, padding_value=filler), ragged_dim)
+    # Trusted: an op's padded result over a valid batch's partition (on the data's device).
+    return NestedBatch.trusted(Padded.trusted(data, partition, filler), ragged_dim)
 
 
 def fill_value_for(dtype: torch.dtype, kind: str) -> float | int | bool:

@@ -50,8 +50,6 @@ def _equal(layout: Layout, func: Any, args: tuple, kwargs: dict) -> bool:
           moved_ragged=True)
 def _allclose(layout: Layout, func: Any, args: tuple, kwargs: dict) -> bool:
     a, b, *rest = args
-    if not (isinstance(a, NestedBatch) and isinstance(b, NestedBatch)):
-        return False
-    if not same_structure(a, b):
+    if not (isinstance(a, NestedBatch) and isinstance(b, NestedBatch) and same_structure(a, b)):
         return False
     return torch.allclose(a.values, b.values.to(a.device), *rest, **kwargs)

@@ -147,17 +147,6 @@ def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, li
     return ref, values
 
 
-def _refuse_dense_target(func: Any, target: Any) -> None:
-    """Raise for an in-place op whose target is a dense tensor (``d += batch``)."""
-    # A RuntimeError, as torch's for an output that cannot hold the result: Python turns a
-    # TypeError from ``d += batch`` into a silent ``d = d + batch``.
-    raise RuntimeError(
-        f"Tensor.{func.__name__}: a dense tensor of shape {tuple(target.shape)} cannot hold the "
-        "result with a NestedBatch operand in place (the result is ragged); use the "
-        "out-of-place op (d = d + batch)"
-    )
-
-
 @register(*torch_funcs(*UNARY, *BINARY), *(getattr(torch.Tensor, d) for d in DUNDERS),
           layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True, nested=True)
 def _elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -169,11 +158,8 @@ def _elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return elementwise(layout, func, args, kwargs)
 
 
-_INPLACE = tuple(
-    getattr(torch.Tensor, name + "_")
-    for name in (*UNARY, *BINARY)
-    if hasattr(torch.Tensor, name + "_")
-) + tuple(getattr(torch.Tensor, name) for name in INPLACE_DUNDERS if hasattr(torch.Tensor, name))
+_INPLACE_NAMES = (*(name + "_" for name in (*UNARY, *BINARY)), *INPLACE_DUNDERS)
+_INPLACE = tuple(getattr(torch.Tensor, n) for n in _INPLACE_NAMES if hasattr(torch.Tensor, n))
 
 
 @register(*_INPLACE, torch.Tensor.zero_, torch.Tensor.fill_, layouts=PACKED_OR_PADDED,
@@ -190,14 +176,21 @@ def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -
     """
     target = args[0] if args else None
     if not is_batch(target):
-        _refuse_dense_target(func, target)
+        # A RuntimeError, as torch's for an output that cannot hold the result: Python turns a
+        # TypeError from ``d += batch`` into a silent ``d = d + batch``.
+        raise RuntimeError(
+            f"Tensor.{func.__name__}: a dense tensor of shape {tuple(target.shape)} cannot hold "
+            "the result with a NestedBatch operand in place (the result is ragged); use the "
+            "out-of-place op (d = d + batch)"
+        )
     stored = stored_layout(target)
     if isinstance(stored, Padded) and not _divides_integers(func, target):
         operands = _padded_operands(target, stored, args[1:], kwargs)
         if operands is not None:
             func(stored.data, *operands[0], **operands[1])
             if stored.padding_value is not None:  # the contract: the padding keeps its filler
-                stored.data.masked_fill_(~_expand(stored.mask, stored.data), stored.padding_value)
+                stored.data.masked_fill_(~expand_mask(stored.mask, stored.data),
+                                         stored.padding_value)
             forget_derived_layouts(target)
             return target
     nf = feature_ndim(nested_arguments(args, kwargs))
@@ -238,7 +231,8 @@ def _padded_operands(target: NestedBatch, stored: Padded, args: tuple,
     return converted[: len(args)], dict(zip(kwargs, converted[len(args):]))
 
 
-def _expand(mask: Tensor, data: Tensor) -> Tensor:
+def expand_mask(mask: Tensor, data: Tensor) -> Tensor:
+    """``mask`` viewed with trailing size-1 dims, to broadcast against ``data``."""
     return mask.view(*mask.shape, *([1] * (data.dim() - mask.dim())))
 
 
@@ -250,9 +244,8 @@ def _like(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = first_batch(args)
     if layout is Layout.PADDED:
         padded = batch.padded(None)
-        return wrap_padded(
-            func(padded.data, *args[1:], **kwargs), padded.partition, batch.ragged_dim
-        )
+        out = func(padded.data, *args[1:], **kwargs)
+        return wrap_padded(out, padded.partition, batch.ragged_dim)
     return batch.with_values(func(batch.packed().values, *args[1:], **kwargs))
 
 

@@ -55,7 +55,7 @@ def packed_indices(indices: NestedBatch, into: NestedBatch, *, validate: bool = 
     """
     shift = _sample_starts(indices, into)
     if validate:
-        _check_range(indices.values, _row_sizes(indices, into), "indices", "local")
+        _check_range(indices.values, _per_row(into.lengths, indices), "indices", "local")
     return indices.with_values(indices.values + shift)
 
 
@@ -91,10 +91,9 @@ def local_indices(packed: Tensor | NestedBatch, indices: NestedBatch, into: Nest
             f"packed must be a tensor shaped as indices.values {tuple(indices.values.shape)}, "
             f"got {shape}"
         )
-    shift = _sample_starts(indices, into)
-    local = packed - shift
+    local = packed - _sample_starts(indices, into)
     if validate:
-        _check_range(local, _row_sizes(indices, into), "packed", "global")
+        _check_range(local, _per_row(into.lengths, indices), "packed", "global")
     return indices.with_values(local)
 
 
@@ -114,14 +113,13 @@ def _sample_starts(indices: NestedBatch, into: NestedBatch) -> Tensor:
         )
     if indices.device != into.device:
         raise ValueError(f"indices is on {indices.device} but into is on {into.device}")
-    starts = into.offsets[:-1].to(values.dtype)[indices.row_ids]
-    return starts.view(-1, *([1] * (values.dim() - 1)))
+    return _per_row(into.offsets[:-1], indices)
 
 
-def _row_sizes(indices: NestedBatch, into: NestedBatch) -> Tensor:
+def _per_row(per_sample: Tensor, indices: NestedBatch) -> Tensor:
+    # One value per sample of ``into``, at each packed row of ``indices``, as its values' dtype.
     values = indices.values
-    sizes = into.lengths.to(values.dtype)[indices.row_ids]
-    return sizes.view(-1, *([1] * (values.dim() - 1)))
+    return per_sample.to(values.dtype)[indices.row_ids].view(-1, *([1] * (values.dim() - 1)))
 
 
 def _check_range(local: Tensor, sizes: Tensor, name: str, kind: str) -> None:

@@ -25,19 +25,16 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, cached_layout, sample_of, with_ragged_dim
-from nestbatch.checks import read_device_values
+from nestbatch.checks import check_batch_indices, read_device_values
 from nestbatch.conversions.packed_padded import packed_values_to_padded
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 from nestbatch.ops.registry import register
 
 
-def _getitem_now(func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
-    # Every index runs the same code whatever the layouts: no layout to choose.
-    return getitem(args[0], args[1])
-
-
+# Every index runs the same code whatever the layouts: the fast path is the whole op.
 @register(torch.Tensor.__getitem__, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
-          moved_ragged=True, fast=_getitem_now, nested=True)
+          moved_ragged=True, fast=lambda func, args, kwargs: getitem(args[0], args[1]),
+          nested=True)
 def _getitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
     return getitem(args[0], args[1])
 
@@ -75,9 +72,7 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     if features:
         for entry in features:
             if not (_is_integer(entry) or isinstance(entry, slice)):
-                raise TypeError(
-                    f"feature dims accept ints and slices, got {type(entry).__name__}"
-                )
+                raise TypeError(f"feature dims accept ints and slices, got {type(entry).__name__}")
         batch = batch.with_values(batch.packed().values[(slice(None), *features)])
     return batch
 
@@ -138,11 +133,9 @@ def batch_index_tensor(index: Any, batch_size: int) -> tuple[Tensor, list[int] |
     if isinstance(index, slice):
         return torch.arange(batch_size)[index], None
     if type(index) in (list, tuple) and all(type(i) is int for i in index):
-        bad = [i for i in index if not -batch_size <= i < batch_size]
-        if bad:
-            raise IndexError(f"batch index {bad[0]} is out of range for batch size {batch_size}")
+        check_batch_indices(index, batch_size)
         host = [i % batch_size for i in index]
-        return _host_index(host if index else []), host
+        return torch.tensor(host, dtype=torch.int64), host
     if not isinstance(index, Tensor):
         index = _host_index(index)
     if index.dtype == torch.bool:
@@ -158,8 +151,7 @@ def batch_index_tensor(index: Any, batch_size: int) -> tuple[Tensor, list[int] |
     if index.is_cpu:
         host = index.tolist()
         if host and not (-batch_size <= min(host) and max(host) < batch_size):
-            bad = next(i for i in host if not -batch_size <= i < batch_size)
-            raise IndexError(f"batch index {bad} is out of range for batch size {batch_size}")
+            check_batch_indices(host, batch_size)
         if host and min(host) < 0:
             host = [i % batch_size for i in host]
             return torch.tensor(host, dtype=torch.int64), host
@@ -167,25 +159,21 @@ def batch_index_tensor(index: Any, batch_size: int) -> tuple[Tensor, list[int] |
     if index.numel() == 0:
         return index, None
     smallest, largest = read_device_values(torch.stack(torch.aminmax(index)))
-    if smallest < -batch_size or largest >= batch_size:
-        bad = smallest if smallest < -batch_size else largest
-        raise IndexError(f"batch index {bad} is out of range for batch size {batch_size}")
+    check_batch_indices((smallest, largest), batch_size)
     return (index.remainder(batch_size) if smallest < 0 else index), None
 
 
 def _host_index(index: Any) -> Tensor:
+    error = TypeError(
+        "a batch index must be an int, a slice, a sequence of ints or bools, or a tensor; got "
+        f"{index!r}"
+    )
     if isinstance(index, (str, bytes)) or index is None:
-        raise TypeError(
-            f"a batch index must be an int, a slice, a sequence of ints or bools, or a tensor; "
-            f"got {type(index).__name__}"
-        )
+        raise error
     try:
         tensor = torch.as_tensor(index)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(
-            f"a batch index must be an int, a slice, a sequence of ints or bools, or a tensor; "
-            f"got {index!r}"
-        ) from error
+    except (TypeError, ValueError, RuntimeError) as cause:
+        raise error from cause
     if tensor.numel() == 0:
         return tensor.to(torch.int64).reshape(0)
     return tensor
@@ -205,24 +193,15 @@ def select_samples(batch: NestedBatch, index: Tensor,
     partition = batch.partition.select(index, host_index)
     listed = cached_layout(batch, Layout.LIST)
     if listed is not None and host_index is not None:
-        tensors = listed.tensors
-        return NestedBatch(
-            TensorList(
-                [tensors[i] for i in host_index],
-                batch.num_ragged_dims,
-                feature_shape=batch.feature_shape,
-                dtype=batch.dtype,
-                device=batch.device,
-                partition=partition,
-            )
-        )
+        tensors = [listed.tensors[i] for i in host_index]
+        return NestedBatch(TensorList(tensors, batch.num_ragged_dims, partition=partition,
+                                      feature_shape=batch.feature_shape, dtype=batch.dtype,
+                                      device=batch.device))
     padded = cached_layout(batch, Layout.PADDED)
     if padded is None and not partition.knows_host_shapes:
         padded = batch.padded(None)  # a device index: gather whole padded rows, no size read
     if padded is not None:
-        data = padded.data
-        data = data.index_select(0, index if index.device == data.device else index.to(
-            data.device))
+        data = padded.data.index_select(0, index.to(padded.data.device))
         return NestedBatch.trusted(Padded.trusted(data, partition.to(data.device),
                                                   padded.padding_value))
     # Host shapes carried over: ``index`` is a host tensor, so reading it is no sync.
@@ -274,11 +253,12 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
     """
     partition = batch.partition
     first = slices[0]
-    if first.stop is None and not first.start and _is_whole(slices):
+    whole = first.stop is None and not first.start  # (a quick test of the first slice)
+    if whole and all(s.stop is None and _is_prefix(s) for s in slices):
         return batch  # x[:, 0:], x[:, ::1]: every sample whole
     if partition.ragged_rank > 1:
         return _slice_outer_rows(batch, slices)
-    if batch.num_ragged_dims == 1 and (partition.knows_host_shapes or _is_prefix_slice(slices)):
+    if batch.num_ragged_dims == 1 and (partition.knows_host_shapes or _is_prefix(first)):
         return NestedBatch.trusted(_slice_one_ragged_dim(batch, slices[0]))
     sizes = (
         torch.tensor(partition.host_shapes, dtype=torch.int64).reshape(-1, len(slices))
@@ -290,7 +270,7 @@ def slice_ragged(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBatch:
         new_sizes.to(partition.device),
         host_shapes=tuple(map(tuple, new_sizes.tolist())) if sizes.device.type == "cpu" else None,
     )
-    if _is_prefix_slice(slices):
+    if all(map(_is_prefix, slices)):
         padded = cached_layout(batch, Layout.PADDED)
         if padded is not None:
             return NestedBatch(_narrow_padded(padded, new_partition, slices))
@@ -321,8 +301,7 @@ def _slice_outer_rows(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBa
             "slice an inner level through .values or unbind()"
         )
     s = slices[0]
-    if (1 if s.step is None else _slice_bound(s.step, "step")) <= 0:
-        raise ValueError(f"slice step on ragged dim 1 must be positive, got {s.step}")
+    _slice_step(s)
     levels = batch.partition.levels
     offsets = levels[0].host_offsets
     ranges = [range(offsets[b], offsets[b + 1])[s] for b in range(batch.batch_size)]
@@ -336,11 +315,16 @@ def _slice_outer_rows(batch: NestedBatch, slices: tuple[slice, ...]) -> NestedBa
     return NestedBatch(Packed(values, partition=RowPartition.nested(kept)))
 
 
-def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
-    partition = batch.partition
+def _slice_step(s: slice, dim: int = 1) -> int:
     step = 1 if s.step is None else _slice_bound(s.step, "step")
     if step <= 0:
-        raise ValueError(f"slice step on ragged dim 1 must be positive, got {step}")
+        raise ValueError(f"slice step on ragged dim {dim} must be positive, got {step}")
+    return step
+
+
+def _slice_one_ragged_dim(batch: NestedBatch, s: slice) -> Packed | Padded:
+    partition = batch.partition
+    _slice_step(s)
     prefix = _is_prefix(s)
     if not partition.knows_host_shapes or (prefix and torch.compiler.is_compiling()):
         return _slice_prefix_on_device(batch, s)
@@ -379,14 +363,12 @@ def _slice_prefix_on_device(batch: NestedBatch, s: slice) -> Padded:
     new = RowPartition.from_lengths(lengths, max_len=width)
     if padded is not None:
         return _narrow_padded(padded, new, (slice(None, width),))
-    data = batch.padded(0.0, max_shape=None).data if s.stop is None else \
-        _pad_to_width(batch, width)
+    if s.stop is None:
+        data = batch.padded(0.0, max_shape=None).data
+    else:
+        packed = batch.packed()
+        data = packed_values_to_padded(packed.values, packed.partition, (width,), 0.0)
     return Padded(data, partition=new, padding_value=0.0)
-
-
-def _pad_to_width(batch: NestedBatch, width: int) -> Tensor:
-    packed = batch.packed()
-    return packed_values_to_padded(packed.values, packed.partition, (width,), 0.0)
 
 
 def _slice_bound(value: Any, name: str) -> int:
@@ -401,9 +383,7 @@ def _resolve_slices(
 ) -> tuple[Tensor, Tensor, tuple[int, ...]]:
     starts, new_sizes, steps = [], [], []
     for d, s in enumerate(slices):
-        step = 1 if s.step is None else int(s.step)
-        if step <= 0:
-            raise ValueError(f"slice step on ragged dim {d + 1} must be positive, got {step}")
+        step = _slice_step(s, d + 1)
         size = sizes[:, d]
         start = _resolve_bound(s.start, size, 0)
         stop = _resolve_bound(s.stop, size, None)
@@ -419,15 +399,6 @@ def _resolve_bound(bound: int | None, size: Tensor, default: int | None) -> Tens
     bound = int(bound)
     value = size + bound if bound < 0 else torch.full_like(size, bound)
     return torch.minimum(value.clamp_min(0), size)
-
-
-def _is_whole(slices: tuple[slice, ...]) -> bool:
-    """Whether every slice keeps its whole dim (``:``, ``0:``, ``::1``)."""
-    return all(s.stop is None and _is_prefix(s) for s in slices)
-
-
-def _is_prefix_slice(slices: tuple[slice, ...]) -> bool:
-    return all(_is_prefix(s) for s in slices)
 
 
 def _is_prefix(s: slice) -> bool:

@@ -112,14 +112,14 @@ def _recurrent(layout: Layout, func: Any, args: tuple, kwargs: dict) -> tuple:
     states = tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
     lengths = batch.partition.host_lengths
     kept = [i for i, n in enumerate(lengths) if n > 0]
-    if not kept:
-        return (_empty_output(batch, states[0], settings[-1]), *states)
+    if not kept:  # every sample empty: no rows out (hidden wide, twice if bidirectional)
+        values = states[0].new_empty((0, states[0].shape[-1] * (2 if settings[-1] else 1)))
+        return (NestedBatch.from_lengths(values, list(lengths), validate=False), *states)
     values = batch.packed().values
     some_empty = len(kept) < len(lengths)
     # Every index the call needs reaches the device in one copy (the order is host work).
-    kept_host = torch.tensor(kept, dtype=torch.int64)
     order = TimeMajorOrder([lengths[i] for i in kept], values.device,
-                           extra=(kept_host,) if some_empty else ())
+                           extra=(torch.tensor(kept, dtype=torch.int64),) if some_empty else ())
     kept_index = order.extra[0] if some_empty else None
     # The initial states of the kept samples, longest first: one gather per state.
     state_index = order.sorted_indices if kept_index is None else \
@@ -143,15 +143,7 @@ def _recurrent(layout: Layout, func: Any, args: tuple, kwargs: dict) -> tuple:
 def _splice(final: Tensor, initial: Tensor, kept: Tensor | None, unsorted: Tensor) -> Tensor:
     # Back to sample order; empty samples keep their initial state.
     final = final.index_select(1, unsorted)
-    if kept is None:
-        return final
-    return initial.index_copy(1, kept, final)
-
-
-def _empty_output(batch: NestedBatch, h0: Tensor, bidirectional: bool) -> NestedBatch:
-    width = h0.shape[-1] * (2 if bidirectional else 1)
-    values = h0.new_empty((0, width))
-    return NestedBatch.from_lengths(values, list(batch.partition.host_lengths), validate=False)
+    return final if kept is None else initial.index_copy(1, kept, final)
 
 
 # =================================================================== time-major RNN modules

@@ -10,8 +10,8 @@ ragged rank ``r - 1``.
 * ``j < r``: the rows merge, and every merged row is as long as the longest of them (a sample
   whose level-``j`` rows are ``[[1, 2], [3]]`` sums to ``[4, 2]``); ``mean`` divides by the
   number of values that met at each position. Computed on the padded data; the result's sizes
-  come from every level's row counts (which are read from the device once per level, a sync,
-  when only the device has them: the output's shape needs them).
+  come from every level's row counts (counted on the host when the sizes are there; else read
+  from the device once per level, a sync: the output's shape needs them).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from torch import Tensor
 from nestbatch.batch import NestedBatch
 from nestbatch.conversions.packed_padded import packed_values_to_padded
 from nestbatch.layouts import Packed, RowPartition
-from nestbatch.ops.common import fill_value_for
-from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
+from nestbatch.ops.segment import WIDENED_DTYPES, never_wins, segment_reduce
 
 #: The reductions one level of a nested batch supports.
 LEVEL_REDUCTIONS = ("sum", "mean", "prod", "amax", "amin")
@@ -54,9 +53,8 @@ def reduce_level(batch: NestedBatch, name: str, level: int, keepdim: bool,
     result_dtype = values.dtype if dtype is None else dtype
     if name in ("sum", "prod") and not (result_dtype.is_floating_point or result_dtype.is_complex):
         result_dtype = torch.int64  # as torch's sums and products of integers and bools
-    work = WIDENED_DTYPES.get(result_dtype, result_dtype) if name != "amax" and name != "amin" \
-        else result_dtype
-    values = values.to(work)
+    wide = WIDENED_DTYPES.get(result_dtype, result_dtype)  # sums, means, products accumulate
+    values = values.to(result_dtype if name in ("amax", "amin") else wide)
     levels = batch.partition.levels
     if level == len(levels):
         rows = NestedBatch.trusted(Packed.trusted(values, levels[-1]))
@@ -79,8 +77,8 @@ def _merge_level(values: Tensor, partition: RowPartition, name: str, level: int
     mask = partition.mask(shape)
     trailing = (1,) * (values.dim() - 1)
     identity = {"sum": 0, "mean": 0, "prod": 1}.get(name)
-    if identity is None:
-        identity = _extreme(values.dtype, name)
+    if identity is None:  # the padding never wins
+        identity = never_wins(values.dtype, name)
     data = packed_values_to_padded(values, partition, shape, identity)
     if name == "mean":
         count = mask.sum(level).view(*mask.shape[:level], *mask.shape[level + 1:], *trailing)
@@ -89,25 +87,13 @@ def _merge_level(values: Tensor, partition: RowPartition, name: str, level: int
         merged = data.sum(level)
     else:
         merged = getattr(torch, name)(data, level)
-    result = _merged_partition(partition, level)
+    # The result's partition: every level's row counts, their maximum over the merged position
+    # (counted on the host when every level's sizes are there: no device read).
+    on_host = all(lv.knows_host_shapes for lv in partition.levels)
+    counts = _padded_counts(partition.to("cpu") if on_host else partition)
+    result = _partition_from_counts(counts[:level - 1] + [
+        c.amax(level) if c.shape[level] else c.sum(level) for c in counts[level:]], values.device)
     return merged[(result.row_ids, *result.ragged_index)], result
-
-
-def _extreme(dtype: torch.dtype, name: str) -> float | int | bool:
-    # The padding never wins: -inf / +inf for floating dtypes, else the dtype's extremes.
-    lowest = name == "amax"
-    if dtype.is_floating_point:
-        return float("-inf") if lowest else float("inf")
-    return fill_value_for(dtype, "lowest" if lowest else "highest")
-
-
-def _merged_partition(partition: RowPartition, level: int) -> RowPartition:
-    """The partition of ``partition``'s batch with the rows of ``level`` merged: every level's
-    row counts, padded, their maximum taken over the merged position."""
-    counts = _padded_counts(partition)
-    merged = counts[:level - 1] + [c.amax(level) if c.shape[level] else c.sum(level)
-                                   for c in counts[level:]]
-    return _partition_from_counts(merged)
 
 
 def _padded_counts(partition: RowPartition) -> list[Tensor]:
@@ -122,12 +108,14 @@ def _padded_counts(partition: RowPartition) -> list[Tensor]:
     return counts
 
 
-def _partition_from_counts(counts: list[Tensor]) -> RowPartition:
-    """The partition whose level ``d`` row lengths are ``counts[d]`` read at every row of the
-    levels above (``counts[0]``: the samples'). Every level's total is read once (a sync when
-    on a device)."""
+def _partition_from_counts(counts: list[Tensor], device: torch.device) -> RowPartition:
+    """The partition on ``device`` whose level ``d`` row lengths are ``counts[d]`` read at every
+    row of the levels above (``counts[0]``: the samples'). Counts on the host give host sizes;
+    on the device, every level's total is read once (a sync)."""
     levels = [RowPartition.from_lengths(counts[0])]
     for count in counts[1:]:
         above = _chain(tuple(levels))
         levels.append(RowPartition.from_lengths(count[(above.row_ids, *above.ragged_index)]))
+    if counts[0].device != device:  # counted on the host: the sizes stay known there
+        levels = [RowPartition.from_host_lengths(lv.lengths.tolist(), device) for lv in levels]
     return _chain(tuple(levels))

@@ -172,14 +172,12 @@ def _check_inner(
     if a.partition is b.partition and column_a == column_b:
         return  # the same ragged dim on both sides
     left, right = _host_sizes(a, column_a, width_a), _host_sizes(b, column_b, width_b)
-    if left is not None and right is not None:
-        same = left == right
-    else:  # sizes only on the device: one read (a sync); the lists only for the message
+    if left is None or right is None:  # sizes only on the device: one read (a sync)
         sizes_a, sizes_b = _sizes(a, column_a, width_a), _sizes(b, column_b, width_b)
-        same = torch.equal(sizes_a, sizes_b.to(sizes_a.device))
-        if not same:
-            left, right = sizes_a.tolist(), sizes_b.tolist()
-    if not same:
+        if torch.equal(sizes_a, sizes_b.to(sizes_a.device)):
+            return
+        left, right = sizes_a.tolist(), sizes_b.tolist()  # for the message
+    if left != right:
         raise ValueError(
             f"matmul: contracted sizes differ per sample: {left} (left) and {right} (right)"
         )

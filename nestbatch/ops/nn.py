@@ -20,11 +20,7 @@ import torch.nn.functional as F
 
 from nestbatch.batch import moved_ragged_error, storage_dim
 from nestbatch.layouts import Layout
-from nestbatch.ops.common import (
-    dim_kind,
-    normalize_dim,
-    replace_storage,
-)
+from nestbatch.ops.common import dim_kind, normalize_dim, replace_storage
 from nestbatch.ops.registry import register
 
 _ACTIVATIONS = (
@@ -55,8 +51,7 @@ def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 def _along_feature_dim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``glu`` / ``normalize`` along a feature dim (the ragged dims and the batch are refused)."""
     batch = args[0]
-    position = 1 if func is F.glu else 2
-    default = -1 if func is F.glu else 1
+    position, default = (1, -1) if func is F.glu else (2, 1)
     if len(args) > position:
         dim, args = args[position], args[:position] + args[position + 1 :]
     else:

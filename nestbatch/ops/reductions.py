@@ -41,16 +41,15 @@ from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
-    fill_value_for,
     normalize_dim,
     torch_funcs,
     values_dim,
     wrap_padded,
 )
-from nestbatch.ops.elementwise import elementwise
+from nestbatch.ops.elementwise import elementwise, expand_mask
 from nestbatch.ops.levels import reduce_level
 from nestbatch.ops.registry import register
-from nestbatch.ops.segment import WIDENED_DTYPES, fill_empty, segment_reduce
+from nestbatch.ops.segment import WIDENED_DTYPES, fill_empty, never_wins, segment_reduce
 
 _COMPOSABLE = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "count_nonzero", "any", "all"}
 _SECOND_STAGE = {"count_nonzero": "sum"}  # how a feature stage continues a ragged stage
@@ -90,10 +89,6 @@ def _split_dims(
 
 
 # =========================================================================== ragged-dim kernels
-def _expand_to(mask: Tensor, data: Tensor) -> Tensor:
-    return mask.view(*mask.shape, *([1] * (data.dim() - mask.dim())))
-
-
 def _lengths_like(batch: NestedBatch, out: Tensor) -> Tensor:
     return batch.lengths.view(-1, *([1] * (out.dim() - 1)))
 
@@ -101,14 +96,16 @@ def _lengths_like(batch: NestedBatch, out: Tensor) -> Tensor:
 def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: float) -> Any:
     if name in ("sum", "mean", "prod", "amax", "amin"):
         return segment_reduce(values, batch, name)
-    if name == "count_nonzero":
-        return segment_reduce((values != 0).to(torch.int64), batch, "sum")
-    if name == "any":
-        return segment_reduce((values != 0).to(torch.int64), batch, "sum") > 0
+    if name in ("count_nonzero", "any"):
+        count = segment_reduce((values != 0).to(torch.int64), batch, "sum")
+        return count > 0 if name == "any" else count
     if name == "all":
         return segment_reduce((values == 0).to(torch.int64), batch, "sum") == 0
     if name == "logsumexp":
-        shift = _safe_shift(segment_reduce(values.detach(), batch, "amax"), batch)
+        # Shift by the sample's maximum for a stable exp; 0 where it is not finite or empty.
+        peak = segment_reduce(values.detach(), batch, "amax")
+        bad = ~torch.isfinite(peak) | (_lengths_like(batch, peak) == 0)
+        shift = torch.where(bad, torch.zeros_like(peak), peak)
         total = segment_reduce((values - shift[batch.row_ids]).exp(), batch, "sum")
         return total.log() + shift
     if name in ("var", "std"):
@@ -124,13 +121,7 @@ def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: fl
         return _finish_var(squares, batch, correction, name)
     if name in ("argmax", "argmin"):
         return _segment_arg(batch, values, name)
-    raise ValueError(f"unknown reduction {name}")
-
-
-def _safe_shift(peak: Tensor, batch: NestedBatch) -> Tensor:
-    # Shift by the sample's maximum for a stable exp; 0 where it is not finite or empty.
-    bad = ~torch.isfinite(peak) | (_lengths_like(batch, peak) == 0)
-    return torch.where(bad, torch.zeros_like(peak), peak)
+    raise _unknown_reduction(name)
 
 
 def _finish_var(squares: Tensor, batch: NestedBatch, correction: float, name: str) -> Tensor:
@@ -159,53 +150,39 @@ def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float)
     data = padded.data if dtype is None else padded.data.to(dtype)
     k = batch.num_ragged_dims
     dims = tuple(range(1, 1 + k))
-    mask = _expand_to(padded.mask, data)
-    if name in ("argmax", "argmin"):
+    mask = expand_mask(padded.mask, data)
+    if name in ("argmax", "argmin", "amax", "amin"):
+        filled = data.masked_fill(~mask, never_wins(data.dtype, name))
+        if name in ("amax", "amin"):
+            out = filled.amax(dims) if name == "amax" else filled.amin(dims)
+            # An empty sample reduced over infinities: TF's finite extreme instead.
+            return fill_empty(out, batch.partition, name)
         # The padding follows every sample's elements: a filler equal to a sample's best value
         # loses to it (the first hit wins), so the extreme of the dtype, infinities included,
         # never points past the sample's end.
-        filled = data.masked_fill(~mask, _identity(data.dtype, name))
         flat = filled.flatten(1, k)
         index = flat.argmax(1) if name == "argmax" else flat.argmin(1)
-        empty = _lengths_like(batch, index) == 0
-        return torch.where(empty, torch.full_like(index, -1), index)
-    if name in ("sum", "mean", "count_nonzero", "any", "all"):
-        present = data != 0
-        if name == "count_nonzero":
-            return (present & mask).sum(dims)
-        if name == "any":
-            return (present & mask).flatten(1, k).any(1)
-        if name == "all":
-            return (present | ~mask).flatten(1, k).all(1)
+        return torch.where(_lengths_like(batch, index) == 0, torch.full_like(index, -1), index)
+    if name in ("count_nonzero", "any"):
+        present = ((data != 0) & mask).flatten(1, k)
+        return present.any(1) if name == "any" else present.sum(1)
+    if name == "all":
+        return ((data != 0) | ~mask).flatten(1, k).all(1)
+    if name in ("sum", "mean"):
         total = data.masked_fill(~mask, 0).sum(dims)
         return total / _lengths_like(batch, total) if name == "mean" else total
     if name == "prod":
         return data.masked_fill(~mask, 1).flatten(1, k).prod(1)
-    if name in ("amax", "amin"):
-        filled = data.masked_fill(~mask, _identity(data.dtype, name))
-        out = filled.amax(dims) if name == "amax" else filled.amin(dims)
-        # An empty sample reduced over infinities: TF's finite extreme instead.
-        return fill_empty(out, batch.partition, name)
     if name == "logsumexp":
         return data.masked_fill(~mask, float("-inf")).logsumexp(dims)
     if name in ("var", "std"):
         # Shifted by each sample's first element, as on the packed rows.
-        first = data.detach()[(slice(None), *([0] * k))]
-        data = data - first.view(first.shape[0], *([1] * k), *first.shape[1:])
-        count = _lengths_like(batch, data.sum(dims)).to(data.dtype)
-        mean = data.masked_fill(~mask, 0).sum(dims) / count
-        dev = (data - mean.view(mean.shape[0], *([1] * k), *mean.shape[1:])).masked_fill(~mask, 0)
+        data = data - data.detach()[(slice(None), *[slice(0, 1)] * k)]
+        count = _lengths_like(batch, data).to(data.dtype)
+        mean = data.masked_fill(~mask, 0).sum(dims, keepdim=True) / count
+        dev = (data - mean).masked_fill(~mask, 0)
         return _finish_var((dev * dev.conj()).real.sum(dims), batch, correction, name)
-    raise ValueError(f"unknown reduction {name}")
-
-
-def _identity(dtype: torch.dtype, name: str) -> float | int | bool:
-    """The value padding takes so that it never wins ``name`` (amax / argmax: the lowest,
-    -inf for floating dtypes; amin / argmin: the highest)."""
-    lowest = name in ("amax", "argmax")
-    if dtype.is_floating_point:
-        return float("-inf") if lowest else float("inf")
-    return fill_value_for(dtype, "lowest" if lowest else "highest")
+    raise _unknown_reduction(name)
 
 
 # =========================================================================== the entry points
@@ -277,15 +254,9 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
 
 
 def _check_ragged_dtype(name: str, dtype: torch.dtype) -> None:
-    """Refuse, on every layout, the dtypes torch's reduction refuses (the padded and packed
-    kernels would otherwise answer differently: a padded mean of integers divides in floats).
-
-    Raises
-    ------
-    RuntimeError
-        With torch's message: ``mean`` / ``var`` / ``std`` of integers or bools, ``argmax`` /
-        ``argmin`` of bools.
-    """
+    """Refuse, on every layout and with torch's message, the dtypes torch's reduction refuses
+    (the padded and packed kernels would otherwise answer differently: a padded mean of
+    integers divides in floats)."""
     if name in ("mean", "var", "std") and not (dtype.is_floating_point or dtype.is_complex):
         if name == "mean":
             raise RuntimeError(
@@ -417,8 +388,7 @@ def _softmax_call(layout: Layout, args: tuple, kwargs: dict, *, log: bool) -> An
     if dim is None:
         raise ValueError("softmax on a NestedBatch needs an explicit dim")
     dim = normalize_dim(batch, dim)
-    dtype = kwargs.get("dtype")
-    dtype = next((a for a in args[2:] if isinstance(a, torch.dtype)), dtype)
+    dtype = next((a for a in args[2:] if isinstance(a, torch.dtype)), kwargs.get("dtype"))
     return softmax(layout, batch, dim, log=log, dtype=dtype)
 
 
@@ -449,7 +419,7 @@ def softmax(layout: Layout, batch: NestedBatch, dim: int, *, log: bool = False,
     padded = batch.padded(float("-inf")) if batch.dtype.is_floating_point else batch.padded(None)
     data = padded.data if dtype is None else padded.data.to(dtype)
     if padded.padding_value != float("-inf"):
-        data = data.masked_fill(~_expand_to(padded.mask, data), float("-inf"))
+        data = data.masked_fill(~expand_mask(padded.mask, data), float("-inf"))
     out = fn(data, stored)
     # Padded slots of a non-empty sample come out as exp(-inf) = 0 (log: -inf).
     filler = None if padded.partition.host_has_empty is not False else (
@@ -464,10 +434,8 @@ SOFTMAX_PADDING_RATIO = 3
 
 def _pads_cheaply(batch: NestedBatch) -> bool:
     partition = batch.partition
-    if not partition.knows_max_shape:
-        return False  # the padded width would have to be read from the device
-    if not partition.knows_total:
-        return False
+    if not (partition.knows_max_shape and partition.knows_total):
+        return False  # the padded width or the total would have to be read from the device
     slots = partition.batch_size * partition.max_shape[0]
     return slots <= SOFTMAX_PADDING_RATIO * max(partition.total, 1)
 
@@ -489,3 +457,8 @@ def _segment_softmax(batch: NestedBatch, values: Tensor, log: bool) -> Tensor:
     if log:
         return shifted - total.log().index_select(0, rows)
     return exp / total.index_select(0, rows)
+
+
+def _unknown_reduction(name: str) -> ValueError:
+    # (A guard: the registry only sends the reductions it registered.)
+    return ValueError(f"unknown reduction {name}")

@@ -110,9 +110,10 @@ def register(
     if prefer not in layouts:
         raise ValueError(f"prefer={prefer} is not among layouts={layouts}")
 
+    order = (prefer, *(layout for layout in layouts if layout is not prefer))
+
     def decorate(impl: Implementation) -> Implementation:
         for func in funcs:
-            order = (prefer, *(layout for layout in layouts if layout is not prefer))
             _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order, fast, nested)
             _expose_as_method(func)
         return impl
@@ -137,10 +138,7 @@ def _expose_as_method(func: Callable) -> None:
     if not callable(func) or not name or name.startswith("_") or name in _OWN_NAMES:
         return  # a tensor property registered as such (Tensor.real) is served by torch.real
     attr = inspect.getattr_static(torch.Tensor, name, None)
-    if attr is None:
-        return
-    current = _METHOD_SOURCES.get(name)
-    if current is not None and current is getattr(torch.Tensor, name):
+    if attr is None or _METHOD_SOURCES.get(name) is getattr(torch.Tensor, name):
         return
     _METHOD_SOURCES[name] = func
     made = tensor_property(func, name) if inspect.isdatadescriptor(attr) else \
@@ -178,8 +176,6 @@ def nested_arguments(args: tuple, kwargs: dict) -> list[NestedBatch]:
 
 def choose_layout(entry: OpEntry, batches: list[Any]) -> Layout:
     """The layout to run ``entry`` on: a materialized one it supports, else its preferred one."""
-    if not batches:
-        return entry.prefer
     for layout in entry.order:
         if all(batch.has_layout(layout) for batch in batches):
             return layout
@@ -201,34 +197,29 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
             if func is reflected:
                 return dispatch(forward, types, (args[1], args[0], *args[2:]), kwargs)
     entry = _REGISTRY.get(func)
-    if entry is not None and entry.fast is not None:
-        out = entry.fast(func, args, kwargs)
-        if out is not NotImplemented:
-            return out
     if entry is None:
-        name = _display_name(func)
         raise TypeError(
-            f"{name} is not supported on a NestedBatch; get a plain tensor with "
+            f"{_display_name(func)} is not supported on a NestedBatch; get a plain tensor with "
             ".padded().data (and .mask) or .values (the packed rows), or register an "
             "implementation with nestbatch.ops.registry.register"
         )
+    if entry.fast is not None:
+        out = entry.fast(func, args, kwargs)
+        if out is not NotImplemented:
+            return out
     batches = nested_arguments(args, kwargs)
-    if not entry.nested:
-        rank = next((b.partition.ragged_rank for b in batches if b.partition.ragged_rank > 1),
-                    None)
-        if rank is not None:
+    for batch in batches:  # (a loop, no generator frames: this runs on every call)
+        if not entry.nested and batch.partition.ragged_rank > 1:
             raise TypeError(
-                f"{_display_name(func)} is not supported on a NestedBatch of ragged rank {rank} "
-                "(nested raggedness); apply it to every level's batch (.values, unbind()) or to "
-                "the padded data (.padded().data with .mask)"
+                f"{_display_name(func)} is not supported on a NestedBatch of ragged rank "
+                f"{batch.partition.ragged_rank} (nested raggedness); apply it to every level's "
+                "batch (.values, unbind()) or to the padded data (.padded().data with .mask)"
             )
-    if not entry.moved_ragged:
-        moved = next((b.ragged_dim for b in batches if b.ragged_dim != 1), None)
-        if moved is not None:
+        if not entry.moved_ragged and batch.ragged_dim != 1:
             raise TypeError(
                 f"{_display_name(func)} is not supported on a NestedBatch whose ragged dim is at "
-                f"logical dim {moved}; transpose the ragged dim back to dim 1 first (e.g. "
-                f"x.transpose(1, {moved}))"
+                f"logical dim {batch.ragged_dim}; transpose the ragged dim back to dim 1 first "
+                f"(e.g. x.transpose(1, {batch.ragged_dim}))"
             )
     layout = choose_layout(entry, batches)
     return entry.impl(layout, func, args, kwargs)

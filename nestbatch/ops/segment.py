@@ -105,10 +105,13 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     if backend == "auto":
         backend = "scatter" if _scatter_is_faster(values, reduce) else "torch"
     if backend == "scatter" and reduce in _SCATTER_REDUCTIONS and values.is_floating_point():
-        out = _scatter_csr(values, batch.offsets, reduce)
+        from torch_scatter import segment_csr
+
+        out = segment_csr(values, batch.offsets, reduce=reduce)
     elif values.is_floating_point():
         # segment_reduce gives TF's empty results itself for sum, mean and prod.
-        out = _torch_segment(values, batch.offsets, reduce)
+        name = {"amax": "max", "amin": "min"}.get(reduce, reduce)
+        out = torch.segment_reduce(values, name, offsets=batch.offsets, axis=0, unsafe=True)
         if reduce in ("sum", "mean", "prod"):
             return out
     else:
@@ -146,27 +149,13 @@ def _scatter_has_cuda() -> bool:
     return torch.ops.torch_scatter.cuda_version() != -1
 
 
-def _torch_segment(values: Tensor, offsets: Tensor, reduce: str) -> Tensor:
-    name = {"amax": "max", "amin": "min"}.get(reduce, reduce)
-    return torch.segment_reduce(values, name, offsets=offsets, axis=0, unsafe=True)
-
-
-def _scatter_csr(values: Tensor, offsets: Tensor, reduce: str) -> Tensor:
-    from torch_scatter import segment_csr
-
-    name = {"amax": "max", "amin": "min"}.get(reduce, reduce)
-    out = segment_csr(values, offsets, reduce=name)
-    return out[0] if isinstance(out, tuple) else out
-
-
 def _scatter_rows(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     # Dtypes segment_reduce lacks (integers, bool, complex): scatter by row id.
     shape = (batch.batch_size, *values.shape[1:])
     index = batch.row_ids.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
     if reduce == "sum":
         return values.new_zeros(shape).scatter_add(0, index, values)
-    out = values.new_zeros(shape)
-    return out.scatter_reduce(0, index, values, reduce, include_self=False)
+    return values.new_zeros(shape).scatter_reduce(0, index, values, reduce, include_self=False)
 
 
 def fill_empty(out: Tensor, partition: RowPartition, reduce: str) -> Tensor:
@@ -177,9 +166,17 @@ def fill_empty(out: Tensor, partition: RowPartition, reduce: str) -> Tensor:
     """
     if partition.host_has_empty is False:
         return out
-    if reduce in _EMPTY:
-        fill = _EMPTY[reduce]
-    else:
+    fill = _EMPTY.get(reduce)
+    if fill is None:
         fill = fill_value_for(out.dtype, "lowest" if reduce == "amax" else "highest")
     empty = partition.empty_samples.view(-1, *([1] * (out.dim() - 1)))
     return out.masked_fill(empty, fill)
+
+
+def never_wins(dtype: torch.dtype, name: str) -> float | int | bool:
+    """The padding value that never wins ``name``: for ``amax`` / ``argmax`` -inf (floating
+    dtypes) or the dtype's lowest value, for ``amin`` / ``argmin`` +inf or its highest."""
+    lowest = name in ("amax", "argmax")
+    if dtype.is_floating_point:
+        return float("-inf") if lowest else float("inf")
+    return fill_value_for(dtype, "lowest" if lowest else "highest")

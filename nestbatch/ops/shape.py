@@ -43,7 +43,7 @@ from nestbatch.ops.registry import register
 def _shape_arg(args: tuple, kwargs: dict) -> tuple[int, ...]:
     if len(args) == 2 and not isinstance(args[1], int):
         return tuple(args[1])
-    if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int)):
+    if len(args) > 1:
         return tuple(args[1:])
     return tuple(kwargs.get("shape", kwargs.get("size", ())))
 
@@ -68,12 +68,7 @@ def new_feature_shape(batch: NestedBatch, shape: tuple[int, ...]) -> tuple[int, 
             raise ValueError(
                 f"shape {shape}: ragged dim {d} has no single size; give -1 there (keep it)"
             )
-    feature = list(shape[1 + k :])
-    old = batch.feature_shape
-    if feature.count(-1) > 1:
-        # torch.nested's rule: -1 keeps the size the dim already has.
-        feature = [old[i] if s == -1 and i < len(old) else s for i, s in enumerate(feature)]
-    return tuple(feature)
+    return tuple(_keep_sizes(shape[1 + k :], batch.feature_shape))
 
 
 def moved_feature_shape(batch: NestedBatch, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -128,13 +123,17 @@ def _check_batch_size(batch: NestedBatch, shape: tuple[int, ...]) -> None:
         )
 
 
+def _keep_sizes(asked: tuple[int, ...], old: tuple[int, ...]) -> list[int]:
+    # torch.nested's rule: where several sizes are -1, each keeps the size its dim already has.
+    if asked.count(-1) > 1:
+        return [old[i] if s == -1 and i < len(old) else s for i, s in enumerate(asked)]
+    return list(asked)
+
+
 def _group_shape(asked: tuple[int, ...], old: tuple[int, ...]) -> tuple[int, ...] | None:
     """``asked`` with its -1 resolved against the group of dims ``old``, or None if it does not
     hold as many elements."""
-    sizes = list(asked)
-    if sizes.count(-1) > 1:
-        # torch.nested's rule: -1 keeps the size the dim already has.
-        sizes = [old[i] if s == -1 and i < len(old) else s for i, s in enumerate(sizes)]
+    sizes = _keep_sizes(asked, old)
     numel = math.prod(old)
     if sizes.count(-1) == 1:
         known = math.prod(s for s in sizes if s != -1)
@@ -152,10 +151,8 @@ def _reshape(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if func is torch.Tensor.view and len(args) == 2 and isinstance(args[1], torch.dtype):
         return _view_dtype(batch, args[1])
     shape = _shape_arg(args, kwargs)
-    if batch.ragged_dim == 1:
-        feature = new_feature_shape(batch, shape)
-    else:
-        feature = moved_feature_shape(batch, shape)
+    shaper = new_feature_shape if batch.ragged_dim == 1 else moved_feature_shape
+    feature = shaper(batch, shape)
     values = batch.values
     method = values.view if func is torch.Tensor.view else values.reshape
     return batch.with_values(method(values.shape[0], *feature))
@@ -208,10 +205,9 @@ def _transpose(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     d0 = normalize_dim(batch, args[1] if len(args) > 1 else kwargs["dim0"], "dim0")
     d1 = normalize_dim(batch, args[2] if len(args) > 2 else kwargs["dim1"], "dim1")
-    kinds = {dim_kind(batch, d0), dim_kind(batch, d1)}
     if d0 == d1:
         return batch
-    if kinds == {"ragged"}:
+    if dim_kind(batch, d0) == dim_kind(batch, d1) == "ragged":
         padded = batch.padded(None)
         order = list(range(batch.num_ragged_dims))
         order[d0 - 1], order[d1 - 1] = order[d1 - 1], order[d0 - 1]
@@ -320,11 +316,8 @@ def select_ragged(batch: NestedBatch, dim: int, index: int) -> Tensor | NestedBa
         return batch.values.index_select(0, starts + index)
     padded = batch.padded(None)
     position = (sizes + index) if index < 0 else torch.full_like(sizes, index)
-    view = [-1] + [1] * (padded.data.dim() - 1)
-    view[dim] = 1
-    shape = list(padded.data.shape)
-    shape[dim] = 1
-    picked = padded.data.gather(dim, position.view(view).expand(shape)).squeeze(dim)
+    position = position.view(-1, *[1] * (padded.data.dim() - 1))
+    picked = torch.take_along_dim(padded.data, position, dim).squeeze(dim)
     keep = [d for d in range(batch.num_ragged_dims) if d != dim - 1]
     host = None
     if partition.knows_host_shapes:
@@ -352,8 +345,7 @@ def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     name = func.__name__
     values = batch.values
     if name == "unsqueeze":
-        dim = args[1] if len(args) > 1 else kwargs["dim"]
-        dim = dim % (batch.dim() + 1)
+        dim = (args[1] if len(args) > 1 else kwargs["dim"]) % (batch.dim() + 1)
         if k > 1 and dim <= k:
             raise ValueError(f"unsqueeze({dim}): new dims go after the {k} ragged dims (> {k})")
         if dim == 0:

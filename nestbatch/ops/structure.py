@@ -96,13 +96,6 @@ def check_same_ragged_dim(batches: Sequence[NestedBatch], what: str) -> int:
     return rd
 
 
-def _merged_partition(parts: list[RowPartition], shapes: Tensor) -> RowPartition:
-    if all(p.knows_host_shapes for p in parts):
-        host = tuple(s for p in parts for s in p.host_shapes)
-        return RowPartition(shapes, host_shapes=host)
-    return RowPartition.from_shapes(shapes)
-
-
 @register(torch.cat, torch.concat, torch.concatenate, layouts=(Layout.PACKED,),
           moved_ragged=True, nested=True)
 def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -137,7 +130,11 @@ def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
     if batches[0].partition.ragged_rank > 1:
         return NestedBatch(Packed(values, partition=_joined_levels(batches)))
     shapes = torch.cat([b.shape_per_sample for b in batches])
-    partition = _merged_partition([b.partition for b in batches], shapes)
+    parts = [b.partition for b in batches]
+    if all(p.knows_host_shapes for p in parts):
+        partition = RowPartition(shapes, host_shapes=tuple(s for p in parts for s in p.host_shapes))
+    else:
+        partition = RowPartition.from_shapes(shapes)
     return NestedBatch(Packed(values, partition=partition), rd)
 
 
@@ -160,7 +157,7 @@ def cat_rows(batches: list[NestedBatch]) -> NestedBatch:
     stays at its logical position."""
     ref = batches[0]
     rd = check_same_ragged_dim(batches, "cat along the ragged dim")
-    if ref.num_ragged_dims != 1 or any(b.num_ragged_dims != 1 for b in batches):
+    if any(b.num_ragged_dims != 1 for b in batches):
         raise ValueError("cat along the ragged dim needs batches with one ragged dim")
     for b in batches[1:]:
         if b.batch_size != ref.batch_size or b.feature_shape != ref.feature_shape:

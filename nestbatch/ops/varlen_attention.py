@@ -105,10 +105,8 @@ def request_for(q: NestedBatch, k: NestedBatch, v: NestedBatch, has_mask: bool,
     keys, queries = k.partition, q.partition
     known = keys.knows_host_shapes and keys.host_has_empty is False
     # The kernels take the longest lengths as host ints and int32 offsets.
-    on_host = queries.knows_max_shape and (
-        queries.knows_total and keys.knows_total
-        and max(queries.total, keys.total) < 2**31
-    )
+    on_host = (queries.knows_max_shape and queries.knows_total and keys.knows_total
+               and max(queries.total, keys.total) < 2**31)
     return Request(
         device_type=q.device.type, dtype=q.dtype, head_dim=q.feature_shape[-1],
         value_head_dim=v.feature_shape[-1], query_heads=heads(q), key_heads=heads(k),
@@ -119,9 +117,8 @@ def request_for(q: NestedBatch, k: NestedBatch, v: NestedBatch, has_mask: bool,
 
 def _same_lengths(a: Any, b: Any) -> bool:
     # One partition object, or equal host sizes: a comparison on the host, never a sync.
-    if a is b:
-        return True
-    return a.knows_host_shapes and b.knows_host_shapes and a.host_shapes == b.host_shapes
+    known = a.knows_host_shapes and b.knows_host_shapes
+    return a is b or (known and a.host_shapes == b.host_shapes)
 
 
 # ---------------------------------------------------------------------------------- kernels
@@ -210,7 +207,8 @@ def varlen_attention(backend: str, q: NestedBatch, k: NestedBatch, v: NestedBatc
         kv, vv = kv.repeat_interleave(groups, dim=1), vv.repeat_interleave(groups, dim=1)
     plan = Plan(backend, q.partition.max_shape[0], k.partition.max_shape[0], float(dropout_p),
                 bool(is_causal), scale)
-    out = VarlenAttention.apply(qv, kv, vv, offsets32(q), offsets32(k), plan)
+    cu_q, cu_k = q.partition.offsets32, k.partition.offsets32  # (int32, cast once per partition)
+    out = VarlenAttention.apply(qv, kv, vv, cu_q, cu_k, plan)
     if len(q.feature_shape) == 1:
         out = out.squeeze(1)
     packed = Packed.trusted(out, q.partition)
@@ -222,8 +220,3 @@ def _heads_view(values: Tensor) -> Tensor:
     # contiguously; a strided slice (a fused QKV split, say) is copied once.
     values = values.unsqueeze(1) if values.dim() == 2 else values
     return values if values.stride(-1) == 1 else values.contiguous()
-
-
-def offsets32(batch: NestedBatch) -> Tensor:
-    """The batch's offsets as int32 (the kernels' ``cu_seqlens``), cast once per partition."""
-    return batch.partition.offsets32
