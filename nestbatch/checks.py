@@ -145,11 +145,6 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
     return tuple(ints)
 
 
-def host_sizes(value: object, name: str) -> tuple[int, ...]:
-    """:func:`host_ints`, all non-negative (``ValueError`` naming the first negative one)."""
-    return checked_host_sizes(value, name).sizes
-
-
 class HostSizes(NamedTuple):
     """Non-negative host sizes and what checks of them need: their sum and largest entry, and
     for many sizes the ``int64`` host tensor they were read into (reused for the offsets)."""
@@ -166,7 +161,7 @@ MANY_SIZES = 64
 
 
 def checked_host_sizes(value: object, name: str) -> HostSizes:
-    """:func:`host_sizes` with their sum and largest entry, read once.
+    """:func:`host_ints`, all non-negative, with their sum and largest entry, read once.
 
     Raises
     ------
@@ -577,7 +572,8 @@ def check_index_batch(indices: Any, name: str, kind: type) -> Any:
     """``indices`` if it is an int32 / int64 ragged batch of type ``kind`` (a ``RaggedBatch``,
     read through its ``dtype``, ``num_batch_dims``, ``dim()``) of shape ``(*batch_shape,
     max_num_indices)``."""
-    check_index_dtype(check_type(indices, name, kind), name)
+    if type(indices) is not kind or indices.dtype not in _INDEX_DTYPES:  # (no frames if fine)
+        check_index_dtype(check_type(indices, name, kind), name)
     if indices.dim() != indices.num_batch_dims + 1:
         raise ValueError(
             f"{name} must have shape (*batch_shape, max_num_indices) with "

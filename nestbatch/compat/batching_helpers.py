@@ -104,7 +104,8 @@ def _operand(
     ``dim`` is the indexed dim (``None``: the non-uniform dim of a RaggedBatch,
     ``len(batch_shape)`` for a tensor).
     """
-    data = check_type(data, name, Tensor, RaggedBatch)
+    if not isinstance(data, (Tensor, RaggedBatch)):  # (checked inline: on every operand)
+        check_type(data, name, Tensor, RaggedBatch)
     nbd = len(batch_shape)
     ragged = isinstance(data, RaggedBatch)
     if ragged and data.num_batch_dims != nbd:
@@ -116,7 +117,8 @@ def _operand(
         check_batch_shape(name, shape[:nbd], batch_shape)
     if dim is None:
         dim = data.non_uniform_dim if ragged else nbd
-    dim = check_non_uniform_dim(normalize_dim(dim, len(shape), dim_name), nbd, dim_name)
+    if not (type(dim) is int and nbd <= dim < len(shape)):  # (else: valid as it is)
+        dim = check_non_uniform_dim(normalize_dim(dim, len(shape), dim_name), nbd, dim_name)
     if ragged and dim == data.non_uniform_dim:
         tensor, bound = data.tensor, data.sample_sizes.reshape(-1)
     else:
@@ -719,8 +721,8 @@ def _mask_operand(
     mask: Tensor | RaggedBatch, name: str
 ) -> tuple[Tensor, torch.Size, Tensor | None]:
     """``(mask tensor, batch shape, validity mask or None)`` of a mask argument."""
-    check_type(mask, name, Tensor, RaggedBatch)
-    check_bool(mask, name)
+    if type(mask) is not Tensor or mask.dtype != torch.bool:  # (no frames for a bool tensor)
+        check_bool(check_type(mask, name, Tensor, RaggedBatch), name)
     if isinstance(mask, RaggedBatch):
         if mask.dim() != mask.num_batch_dims + 1:
             raise ValueError(

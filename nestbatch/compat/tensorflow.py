@@ -26,8 +26,8 @@ from nestbatch.checks import (
     check_offsets_on_device,
     check_tensor,
     check_values,
+    checked_host_sizes,
     host_ints,
-    host_sizes,
 )
 from nestbatch.layouts import Packed, RowPartition
 
@@ -143,7 +143,7 @@ def from_nested_row_lengths(
     for level, lengths in enumerate(nested_row_lengths):
         if not isinstance(lengths, Tensor):
             # Host lengths give host splits, checked on the host (no sync).
-            sizes = host_sizes(lengths, f"nested_row_lengths[{level}]")
+            sizes = checked_host_sizes(lengths, f"nested_row_lengths[{level}]").sizes
             splits.append((0, *itertools.accumulate(sizes)))
             continue
         if lengths.is_floating_point() or lengths.dtype == torch.bool:

@@ -1,40 +1,10 @@
-"""``F.scaled_dot_product_attention`` on batches of sequences.
+"""``F.scaled_dot_product_attention`` on batches of sequences: the padded path.
 
-On CUDA, without ``attn_mask``, it runs on the packed rows through the variable-length flash or
-memory-efficient kernels when they apply (:mod:`nestbatch.ops.varlen_attention` has the
-dispatch table); everything else runs the padded path described here, which gives the same
-per-sample results.
-
-Queries, keys and values are batches with one ragged dim, the sequence: samples ``(L_i, E)`` or
-``(L_i, H, E)`` (heads after the sequence, since the ragged dim comes first). Keys and values
-share their row structure; queries may have other lengths. It runs once on zero-padded data with
-a mask of the valid (query, key) pairs, so every sample attends to its own keys only and the
-result per sample equals running the sample alone (``is_causal`` aligns the causal mask at the
-top left, as torch does).
-
-Samples ``(H, L_i, E)`` are the ``torch.nested`` jagged layout ``(B, H, j, E)``: build them with
-``x.transpose(1, 2)`` of ``(L_i, H, E)`` samples (``ragged_dim == 2``). The result per sample is
-then exactly torch's attention of that sample, and it keeps ``ragged_dim == 2``. The stored data
-is the same ``(B, L, H, E)`` in both cases, so both run the same kernel.
-
-``attn_mask`` has torch's meaning (bool: True = may attend; float: added to the scores) and is
-either
-
-* a batch with two ragged dims whose samples are ``(Lq_i, Lk_i)`` (shared by all heads) or
-  ``(Lq_i, Lk_i, H)`` / ``(Lq_i, Lk_i, 1)`` (heads last, as in the ``(L_i, H, E)`` samples; the
-  per-sample torch mask is then ``m_i.permute(2, 0, 1)``). Its per-sample shapes must be the
-  query and key lengths exactly; they are compared on the host when all three batches know
-  their sizes there, otherwise on the device (one synchronization);
-* a dense tensor broadcastable to the padded score shape ``(B, Lq, Lk)`` or ``(B, H, Lq, Lk)``,
-  where ``Lq`` / ``Lk`` are the padded lengths of the query / key batches (their longest
-  sample's, unless built from padded data with extra padding). It is read in padded
-  coordinates; entries at padded queries or keys are ignored.
-
-Its dtype is bool, the query's, or float32 (torch's rule); ``is_causal=True`` with a mask raises
-a ``RuntimeError``, as torch does. A query with no key it may attend to (a sample with no keys,
-or a row the mask masks out entirely: all False, or all ``-inf``) gives exact zeros with zero
-gradients, which is what torch returns for such a row of a sample run alone. Padded output slots
-hold zeros.
+On CUDA without ``attn_mask`` the varlen kernels run instead (:mod:`nestbatch.ops.varlen_attention`
+has the dispatch table). Here the batches are zero-padded and one masked attention runs, with a
+mask of the valid (query, key) pairs, so every sample attends to its own keys only and gets
+torch's result for the sample alone. Samples, ``attn_mask`` forms and empty rows follow
+``docs/ops.rst`` and ``docs/attention.rst`` (the one statement of the rules).
 """
 
 from __future__ import annotations

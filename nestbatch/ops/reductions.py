@@ -1,31 +1,10 @@
 """Reductions (sum, mean, max, ..., var/std, any/all) and softmax over ragged or feature dims.
 
-* Over the ragged dim(s): a dense ``(B, *feature)`` tensor (``keepdim`` keeps size-1 ragged
-  dims). With ``k > 1`` ragged dims, all of them reduce at once (``dim=(1, ..., k)``); reducing
-  one ragged dim of several raises a ``ValueError``. On the packed layout these are segment
-  reductions (:mod:`nestbatch.ops.segment`); on the padded layout, masked reductions.
-* Over feature dims only: a batch of the same row structure (runs on the packed values).
-* Over ragged and feature dims together (``sum``, ``mean``, ``prod``, ``amax``, ``amin``,
-  ``logsumexp``, ``count_nonzero``, ``any``, ``all``): the ragged dims first, then the features.
-* ``dim=None``: every element of the batch, a 0-d tensor (as torch).
-
-Empty samples follow TensorFlow: ``sum`` 0, ``prod`` 1, ``count_nonzero`` 0, ``mean`` / ``var``
-/ ``std`` nan, ``amax`` / ``max`` the dtype's lowest finite value and ``amin`` / ``min`` its
-highest, ``logsumexp`` -inf, ``any`` False, ``all`` True, ``argmax`` / ``argmin`` (and the
-indices of ``max`` / ``min``) -1 (our choice: there is no element to point at).
-
-Half precision (float16, bfloat16): sums, means, products and ``logsumexp`` over the ragged
-dims accumulate in float32 and round once, as torch's do (torch's CPU product alone rounds every
-multiplication to half precision; nestbatch's product is torch's on CUDA). ``var`` / ``std``
-of float16 / bfloat16 / float32 values are computed in float64 on the CPU, as torch's CPU
-kernels are (float32 on CUDA, as torch's there).
-
-``softmax`` / ``log_softmax`` over a ragged dim exclude the padding: segment softmax on packed
-rows (``k == 1``), masked softmax on padded data (any ragged dim).
-
-Dims are logical: with the ragged dim moved (:attr:`~nestbatch.NestedBatch.ragged_dim`), reducing
-it gives ``(B, *other dims in order)``, ``keepdim`` puts its size-1 dim back at its position, and
-reducing feature dims before it moves it down.
+Over the ragged dims: segment reductions on packed rows (:mod:`nestbatch.ops.segment`), masked
+ones on padded data, a dense ``(B, *feature)`` result; over feature dims only: a batch of the
+same rows; both together: the ragged dims first. Empty samples, half precision, special values
+and moved ragged dims follow the rules of ``docs/ops.rst`` (the one statement of them); one
+level of a nested batch reduces in :mod:`nestbatch.ops.levels`.
 """
 
 from __future__ import annotations
