@@ -36,6 +36,8 @@ from nestbatch.kernels.dispatch import making_fake_tensors
 from nestbatch.kernels.torch_impl import sizes_mask
 
 # Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
+_INDEX_DTYPES = (torch.int64, torch.int32)  # (the plainly valid index dtypes: fast paths)
+
 __all__ = [
     "check_bool", "check_count", "check_filler", "check_index_dtype", "check_same_device",
     "check_tensor", "check_type", "check_valid_slots",
@@ -201,7 +203,8 @@ def read_device_values(values: Tensor) -> list:
 def as_offsets(offsets: object, device: torch.device, name: str = "offsets") -> Tensor:
     """``offsets`` as a 1-d int64 tensor on ``device`` (int32 is widened; a copy only when the
     dtype or device differs). Checks the type and shape, not the values."""
-    check_integer_tensor(offsets, name, 1, "(B + 1,)")
+    if type(offsets) is not Tensor or offsets.dtype not in _INDEX_DTYPES or offsets.dim() != 1:
+        check_integer_tensor(offsets, name, 1, "(B + 1,)")  # (called when not plainly fine)
     if offsets.dtype is torch.int64 and offsets.device == device:
         return offsets
     return offsets.to(device=device, dtype=torch.int64)
@@ -474,9 +477,6 @@ def check_host_lengths_fit(data: Tensor, lengths: HostSizes) -> None:
             f"lengths do not fit the padded data: largest length {lengths.largest} exceeds its "
             f"max_len {data.shape[1]}"
         )
-
-
-_INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 def check_ragged_batch_args(

@@ -74,7 +74,7 @@ class RowPartition:
         if shape_per_sample is None:
             if host_shapes is None or device is None:
                 raise ValueError("a partition needs shape_per_sample, or host_shapes and device")
-            self._init(len(host_shapes), len(host_shapes[0]) if host_shapes else 1, device,
+            self._take(len(host_shapes), len(host_shapes[0]) if host_shapes else 1, device,
                        max_shape)
         else:
             if shape_per_sample.dim() != 2:
@@ -83,13 +83,13 @@ class RowPartition:
                 )
             if shape_per_sample.shape[1] < 1:
                 raise ValueError("a batch needs at least one ragged dim (k >= 1)")
-            self._init(*shape_per_sample.shape, shape_per_sample.device, max_shape)
+            self._take(*shape_per_sample.shape, shape_per_sample.device, max_shape)
             self._shapes = shape_per_sample.to(torch.int64)
         if host_shapes is not None:
             self._host_shapes = host_shapes
             self._sizes_on_host = True
 
-    # Every field: the optional ones default here, the required ones are set by _init; the
+    # Every field: the optional ones default here, the required ones are set by _blank; the
     # constructors then set what they know.
     _shapes: Tensor | None = None  # (B, k) on the device: given, or made on first use
     _host_shapes: tuple | None = None  # the shapes on the host: given, or read once
@@ -102,22 +102,23 @@ class RowPartition:
     _mask_source: Tensor | None = None  # (B, W): the sizes of from_sizes(mask=...)
     _masks: dict[tuple[int, ...], Tensor] | None = None  # the masks made, by padded shape
 
-    def _init(self, batch_size: int, num_ragged_dims: int, device: torch.device | str,
-              max_shape: tuple[int, ...] | None = None) -> None:
-        """The required fields (the optional ones default in the class body)."""
-        self._batch_size = batch_size
-        self._num_ragged_dims = num_ragged_dims
-        self._device = device if type(device) is torch.device else torch.device(device)
-        self._max_shape = max_shape
-
     @classmethod
     def _blank(cls, batch_size: int, num_ragged_dims: int, device: torch.device | str,
                max_shape: tuple[int, ...] | None = None) -> RowPartition:
-        """A partition whose constructor records its sizes next (without ``__init__``'s checks:
-        the hot path of every batch made from lengths or offsets)."""
+        """A partition with the required fields set (the optional ones default in the class
+        body), whose constructor records its sizes next: the one place fields are set up, and
+        without ``__init__``'s checks (the hot path of every batch made from lengths or
+        offsets)."""
         partition = cls.__new__(cls)
-        partition._init(batch_size, num_ragged_dims, device, max_shape)
+        partition._batch_size = batch_size
+        partition._num_ragged_dims = num_ragged_dims
+        partition._device = device if type(device) is torch.device else torch.device(device)
+        partition._max_shape = max_shape
         return partition
+
+    def _take(self, *required: object) -> None:
+        # For __init__ / __setstate__: the fields _blank sets up, on this object.
+        self.__dict__.update(vars(RowPartition._blank(*required)))
 
     def _seed(self, **caches: object) -> None:
         """Give the memoized caches of these names the values a constructor already has (None:
@@ -777,7 +778,7 @@ class RowPartition:
         # had a "lengths on host" flag instead.
         state.setdefault("_sizes_on_host", state.get("_host_shapes") is not None)
         state.pop("_lengths_on_host", None)
-        self._init(state["_batch_size"], state["_num_ragged_dims"], state["_device"])
+        self._take(state["_batch_size"], state["_num_ragged_dims"], state["_device"])
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
