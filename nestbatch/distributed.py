@@ -1,5 +1,3 @@
-"""Collectives over ragged batches: see :mod:`nestbatch.compat.distributed` (this is their
-import path)."""
-
+"""Import path of :mod:`nestbatch.compat.distributed` (collectives over ragged batches)."""
 from nestbatch.compat.distributed import *  # noqa: F403
 from nestbatch.compat.distributed import __all__  # noqa: F401

@@ -10,7 +10,8 @@ import cycle, and reads no other module's underscore names:
 5. ``batch``, ``tensor_methods``: the front object;
 6. ``ops/``: torch functions, indexing and selection (one registry);
 7. the compat wing: ``compat/`` and the documented import paths kept for it (``convert/``,
-   ``batching_helpers``, ``distributed``), then the package itself.
+   ``batching_helpers``, ``distributed``, ``interop``, ``index_payloads``, ``ragged_batch``),
+   then the package itself.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ LAYERS = (
     ("nestbatch.batch", "nestbatch.tensor_methods"),
     ("nestbatch.ops",),
     ("nestbatch.compat", "nestbatch.convert", "nestbatch.batching_helpers",
-     "nestbatch.distributed"),
+     "nestbatch.distributed", "nestbatch.interop", "nestbatch.index_payloads",
+     "nestbatch.ragged_batch"),
     ("nestbatch",),
 )
 
