@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from nestbatch.kernels.checks import (
+    INDEX_DTYPES,
     check_bool,
     check_count,
     check_filler,
@@ -36,8 +37,6 @@ from nestbatch.kernels.dispatch import making_fake_tensors
 from nestbatch.kernels.torch_impl import sizes_mask
 
 # Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
-_INDEX_DTYPES = (torch.int64, torch.int32)  # (the plainly valid index dtypes: fast paths)
-
 __all__ = [
     "check_bool", "check_count", "check_filler", "check_index_dtype", "check_same_device",
     "check_tensor", "check_type", "check_valid_slots",
@@ -203,7 +202,7 @@ def read_device_values(values: Tensor) -> list:
 def as_offsets(offsets: object, device: torch.device, name: str = "offsets") -> Tensor:
     """``offsets`` as a 1-d int64 tensor on ``device`` (int32 is widened; a copy only when the
     dtype or device differs). Checks the type and shape, not the values."""
-    if type(offsets) is not Tensor or offsets.dtype not in _INDEX_DTYPES or offsets.dim() != 1:
+    if type(offsets) is not Tensor or offsets.dtype not in INDEX_DTYPES or offsets.dim() != 1:
         check_integer_tensor(offsets, name, 1, "(B + 1,)")  # (called when not plainly fine)
     if offsets.dtype is torch.int64 and offsets.device == device:
         return offsets
@@ -220,7 +219,8 @@ def check_offsets_on_device(offsets: Tensor, num_values: int, max_len: int | Non
     ``[o_0, 0, o_0, o_1, ..., o_B, n, o_B]`` has all its steps in ``[0, max_len]`` exactly when
     the offsets are valid. The chain is laid out twice in one tensor so that one subtraction of
     two strided views gives every step and its negation, and one ``amax`` the largest of each.
-    Details of a failure are read on the error path only.
+    Details of a failure are read on the error path only. Short offsets in host memory are
+    read into Python and checked there (no device: no sync).
     """
     count = offsets.numel()
     if count == 0:
@@ -285,7 +285,8 @@ def check_lengths_total(total: int, longest: int, num_rows: int, max_len: int | 
 
 def check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) -> None:
     """:func:`check_lengths_total` (and signs) of device lengths: one read of three numbers (a
-    sync)."""
+    sync: validation of device sizes needs their values); on failure the lengths themselves are
+    read, to show them."""
     smallest, longest, total = 0, 0, 0
     if lengths.numel():  # (amin and amax refuse an empty tensor)
         stats = torch.stack([lengths.amin(), lengths.amax(), lengths.sum()])
@@ -299,7 +300,7 @@ def check_device_lengths(lengths: Tensor, num_rows: int, max_len: int | None) ->
 def check_non_negative(sizes: Tensor, name: str, total: int) -> None:
     """Check that no entry of ``sizes`` ``(B, k)`` is negative and that their per-sample
     products add up to ``total``: one read of two numbers (a sync on a device; host work for a
-    CPU tensor; none for no sizes)."""
+    CPU tensor; none for no sizes). On failure the sizes are read, to show them."""
     negative, rows = 0, 0
     if sizes.numel():
         counted = sizes.prod(-1).sum()
@@ -396,7 +397,8 @@ def check_prefix_mask(mask: Tensor, name: str = "mask") -> Tensor:
     """Return per-sample lengths of a prefix mask ``(B, max_len)``; refuse any other mask.
 
     A prefix mask is True on the first ``length`` slots of each row and False after them.
-    Reads device values (one synchronization).
+    Reads device values (one synchronization: whether a mask is a prefix mask is in its
+    values); on failure the bad rows' numbers are read, to name them.
     """
     check_bool(mask, name)
     if mask.dim() != 2:
@@ -441,7 +443,7 @@ def check_ragged_dim(ragged_dim: object, num_ragged_dims: int, num_feature_dims:
 def check_padded_sizes(data: Tensor, sizes: Tensor, name: str, read_values: bool = True) -> None:
     """Check per-sample sizes ``(B, k)`` against padded ``data (B, *padded, *feature)``: one
     per sample and, with ``read_values``, non-negative and fitting the padded dims (one read: a
-    sync on a device, host work for host sizes)."""
+    sync on a device, host work for host sizes; on failure the sizes are read, to show them)."""
     if sizes.shape[0] != data.shape[0]:
         raise ValueError(
             f"{name} has {sizes.shape[0]} samples but data has batch size {data.shape[0]}"
@@ -502,7 +504,7 @@ def check_ragged_batch_args(
                 f"got shape {tuple(mask.shape)}"
             )
     if sample_sizes is not None:
-        if type(sample_sizes) is not Tensor or sample_sizes.dtype not in _INDEX_DTYPES:
+        if type(sample_sizes) is not Tensor or sample_sizes.dtype not in INDEX_DTYPES:
             check_integer_tensor(sample_sizes, "sample_sizes")
         if sample_sizes.dim() < 1:
             raise ValueError("sample_sizes must have at least 1 dim (*batch_shape,), got a scalar")
@@ -523,8 +525,7 @@ def check_ragged_batch_args(
         check_non_uniform_dim(nud, num_batch_dims)
     batch_shape = tensor.shape[:num_batch_dims]
     for name, other in (("mask", mask), ("sample_sizes", sample_sizes)):
-        # (Tested here, the checks called only to raise: this runs on every RaggedBatch made.)
-        if other is not None and other.shape[:num_batch_dims] != batch_shape:
+        if other is not None and other.shape[:num_batch_dims] != batch_shape:  # (inline: hot)
             check_batch_shape(name, other.shape[:num_batch_dims], batch_shape,
                               "tensor batch shape")
         if other is not None and other.device != tensor.device:
@@ -572,7 +573,7 @@ def check_index_batch(indices: Any, name: str, kind: type) -> Any:
     """``indices`` if it is an int32 / int64 ragged batch of type ``kind`` (a ``RaggedBatch``,
     read through its ``dtype``, ``num_batch_dims``, ``dim()``) of shape ``(*batch_shape,
     max_num_indices)``."""
-    if type(indices) is not kind or indices.dtype not in _INDEX_DTYPES:  # (no frames if fine)
+    if type(indices) is not kind or indices.dtype not in INDEX_DTYPES:  # (no frames if fine)
         check_index_dtype(check_type(indices, name, kind), name)
     if indices.dim() != indices.num_batch_dims + 1:
         raise ValueError(

@@ -479,12 +479,13 @@ class RaggedBatch:
         alike: ``fn(t, num_trailing)`` of the sizes (``num_trailing == 0``) and of the mask when
         one is at hand (``num_trailing == 1``, the sample dim trailing the batch dims)."""
         width = self.max_sample_size
-        known = self._row_partition.cached_mask((width,))  # a mask at hand is transformed too
-        mask = None if known is None else self._row_partition.mask_in(self.batch_shape, width)
+        partition = self._row_partition  # a mask at hand (given or made) is transformed too
+        at_hand = partition.mask_as_given is not None or partition.cached_mask((width,)) is not None
+        mask = partition.mask_in(self.batch_shape, width) if at_hand else None
         sizes = fn(self.sample_sizes, 0)
-        partition = RowPartition.from_sizes(sizes, None if mask is None else fn(mask, 1))
+        new = RowPartition.from_sizes(sizes, None if mask is None else fn(mask, 1))
         nud = self._non_uniform_dim - self._num_batch_dims + num_batch_dims
-        return self._from_partition(tensor, partition, nud, num_batch_dims)
+        return self._from_partition(tensor, new, nud, num_batch_dims)
 
     def repeat_samples(
         self, num_repeats: int | Sequence[int], batch_dim: int | None = None

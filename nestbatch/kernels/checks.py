@@ -11,6 +11,9 @@ from torch import Tensor
 
 from nestbatch.kernels.torch_impl import sizes_mask
 
+#: The dtypes of index and size tensors the kernels take.
+INDEX_DTYPES = (torch.int64, torch.int32)
+
 
 def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value") -> object:
     """``value`` if a tensor of ``dtype`` can hold it exactly, as torch's fill would store it.
@@ -100,7 +103,7 @@ def check_tensor(value: object, name: str) -> Tensor:
 
 def check_index_dtype(value: Tensor, name: str) -> Tensor:
     """``value`` (a tensor or a batch) if its dtype is int32 or int64 (the kernels' indices)."""
-    if value.dtype not in (torch.int32, torch.int64):
+    if value.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must have dtype int32 or int64, got {value.dtype}")
     return value
 

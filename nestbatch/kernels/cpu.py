@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from torch.types import Number
 
+from nestbatch.kernels.checks import INDEX_DTYPES
 from nestbatch.kernels.host_memory import empty_for_write
 from nestbatch.kernels.torch_impl import sizes_mask
 
@@ -92,7 +93,6 @@ LISTED_ROWS = 512
 #: packed -> padded lists its rows from this many samples on (see :data:`LISTED_ROWS`).
 LISTED_FROM_SAMPLES = 8
 
-_OFFSET_DTYPES = (torch.int64, torch.int32)
 # The overloads' C++ entry points: the same call without ``OpOverload.__call__``'s frame.
 _JAGGED_TO_PADDED = torch.ops.aten._jagged_to_padded_dense_forward.default._op
 _PADDED_TO_JAGGED = torch.ops.aten._padded_dense_to_jagged_forward.default._op
@@ -108,7 +108,7 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
         data.is_cpu and offsets.is_cpu  # _applies(data, offsets), inline on this hot path
         and not (data.requires_grad and torch.is_grad_enabled())
         and data.dtype in KERNEL_DTYPES
-        and offsets.dtype in _OFFSET_DTYPES
+        and offsets.dtype in INDEX_DTYPES
         and _held_exactly(filler, data.dtype)
     )
 

@@ -288,9 +288,6 @@ class RowPartition:
     def lengths_in(self, batch_shape: Sequence[int]) -> Tensor:
         """:attr:`lengths` in a batch shape of one or more dims (whose product is ``B``): the
         tensor :meth:`from_sizes` was given, or one view made once."""
-        kept = self.__dict__.get("lengths_shaped")
-        if kept is not None and kept.shape == batch_shape:  # (on every read of the sizes)
-            return kept
         return self._shaped("lengths_shaped", self.lengths, tuple(batch_shape))
 
     def mask_in(self, batch_shape: Sequence[int], width: int) -> Tensor:
