@@ -483,3 +483,21 @@ def test_index_mapping_with_two_sizes_tensors_checks_them_in_the_same_read(batch
         assert source.sample_sizes is not target.sample_sizes
         t = count(lambda: nb.batched_index_mapping(data, source, target, data), allow_syncs=True)
     assert len(t.ops) == 5 and len(t.syncs) == 1, str(t)
+
+
+def test_graph_capture_keeps_the_pinned_host_sizes_alive():
+    # Under CUDA-graph capture a host-to-device copy must come from pinned memory that lives as
+    # long as the graph: the partition keeps every such buffer (here: the offsets).
+    from unittest import mock
+
+    lengths = [3, 1, 4]
+    with fake_cuda():
+        values = _values(lengths)
+        # (The harness's fake mode would take the tracing branch, which copies no host buffer.)
+        with mock.patch.object(torch.cuda, "is_current_stream_capturing", lambda: True), \
+                mock.patch("nestbatch.layouts.partition.making_fake_tensors", lambda: False):
+            b = NestedBatch.from_lengths(values, lengths)
+        kept = b.partition._pinned_for_graphs
+        assert len(kept) == 1 and kept[0].is_pinned()
+        assert kept[0].tolist() == _offsets(lengths)
+        assert real_values(b.offsets).tolist() == _offsets(lengths)

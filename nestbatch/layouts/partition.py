@@ -65,26 +65,19 @@ class RowPartition:
 
     def __init__(
         self,
-        shape_per_sample: Tensor | None,
+        shape_per_sample: Tensor,
         *,
         host_shapes: tuple[tuple[int, ...], ...] | None = None,
         max_shape: tuple[int, ...] | None = None,
-        device: torch.device | None = None,
     ) -> None:
-        if shape_per_sample is None:
-            if host_shapes is None or device is None:
-                raise ValueError("a partition needs shape_per_sample, or host_shapes and device")
-            self._take(len(host_shapes), len(host_shapes[0]) if host_shapes else 1, device,
-                       max_shape)
-        else:
-            if shape_per_sample.dim() != 2:
-                raise ValueError(
-                    f"shape_per_sample must have shape (B, k), got {tuple(shape_per_sample.shape)}"
-                )
-            if shape_per_sample.shape[1] < 1:
-                raise ValueError("a batch needs at least one ragged dim (k >= 1)")
-            self._take(*shape_per_sample.shape, shape_per_sample.device, max_shape)
-            self._shapes = shape_per_sample.to(torch.int64)
+        if shape_per_sample.dim() != 2:
+            raise ValueError(
+                f"shape_per_sample must have shape (B, k), got {tuple(shape_per_sample.shape)}"
+            )
+        if shape_per_sample.shape[1] < 1:
+            raise ValueError("a batch needs at least one ragged dim (k >= 1)")
+        self._take(*shape_per_sample.shape, shape_per_sample.device, max_shape)
+        self._shapes = shape_per_sample.to(torch.int64)
         if host_shapes is not None:
             self._host_shapes = host_shapes
             self._sizes_on_host = True
@@ -101,6 +94,7 @@ class RowPartition:
     _levels: tuple[RowPartition, ...] | None = None  # see nested
     _mask_source: Tensor | None = None  # (B, W): the sizes of from_sizes(mask=...)
     _masks: dict[tuple[int, ...], Tensor] | None = None  # the masks made, by padded shape
+    _pinned_for_graphs: tuple[Tensor, ...] = ()  # host buffers a captured CUDA graph copies from
 
     @classmethod
     def _blank(cls, batch_size: int, num_ragged_dims: int, device: torch.device | str,
@@ -120,13 +114,31 @@ class RowPartition:
         # For __init__ / __setstate__: the fields _blank sets up, on this object.
         self.__dict__.update(vars(RowPartition._blank(*required)))
 
-    def _seed(self, **caches: object) -> None:
-        """Give the memoized caches of these names the values a constructor already has (None:
-        not known); the one place that fills them other than their own first use."""
-        known = self.__dict__
-        for name, value in caches.items():
-            if value is not None:
-                known[name] = value
+    def _seed(
+        self, *, offsets: Tensor | None = None, host_offsets: tuple[int, ...] | None = None,
+        host_lengths: tuple[int, ...] | None = None, lengths: Tensor | None = None,
+        total: int | None = None, row_ids: Tensor | None = None,
+        lengths_shaped: Tensor | None = None, mask_shaped: Tensor | None = None,
+    ) -> None:
+        """Give the caches of these names the values a constructor has (None: not known); the
+        one place that fills them but their first use. Named parameters: ``**caches`` cost more
+        than the rest of a partition's set-up (this runs on every batch built)."""
+        if offsets is not None:
+            self.offsets = offsets
+        if host_offsets is not None:
+            self.host_offsets = host_offsets
+        if host_lengths is not None:
+            self.host_lengths = host_lengths
+        if lengths is not None:
+            self.lengths = lengths
+        if total is not None:
+            self.total = total
+        if row_ids is not None:
+            self.row_ids = row_ids
+        if lengths_shaped is not None:
+            self.lengths_shaped = lengths_shaped
+        if mask_shaped is not None:
+            self.mask_shaped = mask_shaped
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -150,27 +162,16 @@ class RowPartition:
 
     @classmethod
     def from_host_lengths(
-        cls,
-        lengths: Sequence[int],
-        device: torch.device,
-        *,
-        max_len: int | None = None,
-        total: int | None = None,
-        traceable: bool = False,
-        as_tensor: Tensor | None = None,
+        cls, lengths: Sequence[int], device: torch.device, *, max_len: int | None = None,
+        total: int | None = None, traceable: bool = False, as_tensor: Tensor | None = None,
     ) -> RowPartition:
         """Partition of a batch with one ragged dim whose lengths (Python ints) are known on the
-        host; ``max_len``, when given, must be at least the largest, and ``total`` their sum.
-
-        Costs no pass over the lengths beyond a tuple copy: the per-sample shapes, the maximum
-        and the offsets are derived on first use (thousands of samples stay cheap).
-
-        ``traceable=True`` (with ``max_len`` and ``total``) makes the offsets now (one small
-        host-to-device copy) instead: a function that ``torch.compile`` traces then reads the
-        sizes from the offsets tensor, whose length is a dynamic size, and from two ints,
-        never from the tuple of lengths, whose length and entries it would specialize on (one
-        graph per batch size). ``as_tensor``: the lengths already read into an int64 host
-        tensor, when a caller has one (the offsets are summed from it).
+        host; ``max_len``, when given, at least the largest, ``total`` their sum. No pass over
+        the lengths beyond a tuple copy: the rest is derived on first use. ``traceable=True``
+        (with ``max_len`` and ``total``) makes the offsets now (one small host-to-device copy):
+        a function that ``torch.compile`` traces then reads the sizes from the offsets tensor,
+        of dynamic length, and two ints, never from the tuple it would specialize on (one graph
+        per batch size). ``as_tensor``: the lengths in an int64 host tensor, if a caller has one.
         """
         lengths = tuple(lengths)
         partition = cls._blank(len(lengths), 1, device, None if max_len is None else (max_len,))
@@ -211,13 +212,8 @@ class RowPartition:
         return cls.from_host_shapes(shapes.tolist(), shapes.shape[1], device)
 
     @classmethod
-    def from_lengths(
-        cls,
-        lengths: Tensor,
-        *,
-        host_lengths: Sequence[int] | None = None,
-        max_len: int | None = None,
-    ) -> RowPartition:
+    def from_lengths(cls, lengths: Tensor, *, host_lengths: Sequence[int] | None = None,
+                     max_len: int | None = None) -> RowPartition:
         """Partition of a batch with one ragged dim, from its lengths ``(B,)``."""
         host = None if host_lengths is None else tuple((int(n),) for n in host_lengths)
         max_shape = None if max_len is None else (_size(max_len),)
@@ -409,7 +405,7 @@ class RowPartition:
             return host
         if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             host = host.pin_memory()
-            self._seed(_pinned_for_graphs=[*self.__dict__.get("_pinned_for_graphs", ()), host])
+            self._pinned_for_graphs = (*self._pinned_for_graphs, host)
         return host.to(self._device, non_blocking=True)
 
     @property
