@@ -2,6 +2,8 @@
 
 Self-attention of B sequences with H heads of E dims, lengths uniform (768-1024, padding
 1.14x) or long-tailed (32-2048, padding about 6.7x), forward and forward+backward, in one run.
+nestbatch and torch.nested take the same ``(B, H, j, E)`` form (``x.transpose(1, 2)`` of a
+``(B, j, H, E)`` batch; attention runs over dim -2, as torch's does).
 On CUDA (bfloat16 by default) nestbatch runs the varlen flash kernel on the packed rows and the
 peak memory of each method is reported (``torch.cuda.max_memory_allocated``); on the CPU the
 sizes are scaled down (``--scale``) and only times are reported. Usage::
@@ -39,9 +41,10 @@ def methods(lengths, heads, dim, dtype, device):
     for group in samples:
         for t in group:
             t.requires_grad_()
-    # Packed leaves, as a model's activations would be (no conversion graph to keep).
+    # Packed leaves, as a model's activations would be (no conversion graph to keep), in
+    # torch.nested's (B, H, j, E) form: the ragged dim at dim -2, where attention runs.
     q, k, v = (nestbatch.NestedBatch.from_lengths(torch.cat(g).detach().requires_grad_(), lengths)
-               for g in samples)
+               .transpose(1, 2) for g in samples)
     width = max(lengths)
     padded = [torch.nn.utils.rnn.pad_sequence(g, batch_first=True).transpose(1, 2).detach()
               .requires_grad_() for g in samples]

@@ -2,7 +2,7 @@
 
 Two blocks on a batch of sequences ``(B, (L_i), D)``: an MLP block (LayerNorm, Linear, GELU,
 Linear, residual) and an encoder block (the MLP block after a self-attention sub-block through
-``F.scaled_dot_product_attention`` on the batch). Each is timed eager and compiled
+``nestbatch.sequence_attention`` on the batch). Each is timed eager and compiled
 (``fullgraph=True``; ``aot_eager`` and ``inductor``), forward only and forward + backward, in
 one run; the compile time of each compiled variant is printed once. A second table runs the
 encoder block on a stream of batches whose lengths and batch size change on every call (as from
@@ -28,6 +28,7 @@ from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import nestbatch  # noqa: E402
 from benchmarks.common import add_common_args, median_time, print_table, sync_for  # noqa: E402
 from nestbatch import NestedBatch  # noqa: E402
 
@@ -54,7 +55,9 @@ class EncoderBlock(nn.Module):
         head_dim = qkv.shape[-1] // (3 * self.heads)
         q, k, v = (x.with_values(t.reshape(t.shape[0], self.heads, head_dim))
                    for t in qkv.chunk(3, dim=-1))
-        attended = F.scaled_dot_product_attention(q, k, v).values.flatten(1)
+        # Sequences-first samples (L_i, H, E) attend over L_i: nestbatch.sequence_attention
+        # (F.scaled_dot_product_attention attends over dim -2, the heads, as torch's).
+        attended = nestbatch.sequence_attention(q, k, v).values.flatten(1)
         return self.mlp(x + self.out(x.with_values(attended)))
 
 

@@ -1,11 +1,14 @@
 """A pre-norm transformer encoder block on a NestedBatch of sentences, forward and backward.
 
 The block (LayerNorm, QKV projection, scaled dot-product attention, output projection, then
-LayerNorm and an MLP, each with a residual) is plain PyTorch written for ``(B, L, D)`` inputs.
-Given a :class:`nestbatch.NestedBatch` of sentences of different lengths, every layer runs on the
-packed rows, and attention runs per sentence: on CUDA through the variable-length flash or
-memory-efficient kernels (no padding), on the CPU through a masked padded call. The outputs and
-the parameter gradients are checked against running the same block on each sentence alone.
+LayerNorm and an MLP, each with a residual) is plain PyTorch written for ``(B, L, D)`` inputs,
+with torch's (and torch.nested's) recipe for heads: split ``(B, L, H, E)``, ``transpose(1, 2)``
+to ``(B, H, L, E)`` so that attention runs over dim -2, the sequence, and transpose back. Given
+a :class:`nestbatch.NestedBatch` of sentences of different lengths, every layer runs on the
+packed rows, and attention runs per sentence over its ragged dim: on CUDA through the
+variable-length flash or memory-efficient kernels (no padding), on the CPU through a masked
+padded call. The outputs and the parameter gradients are checked against running the same block
+on each sentence alone.
 
     python examples/transformer_encoder.py [--device cuda] [--dtype bfloat16]
 """
@@ -38,7 +41,7 @@ class EncoderBlock(nn.Module):
         batch, dim = x.size(0), x.size(-1)
         h = self.norm1(x)
 
-        def heads(t):  # (B, L, D) -> (B, H, L, E): torch.nested's layout for a NestedBatch
+        def heads(t):  # (B, L, D) -> (B, H, L, E): the sequence at dim -2, where SDPA attends
             return t.view(batch, -1, self.heads, dim // self.heads).transpose(1, 2)
 
         attended = F.scaled_dot_product_attention(heads(self.q(h)), heads(self.k(h)),

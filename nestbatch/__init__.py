@@ -9,6 +9,7 @@ import torch
 
 from nestbatch import compat, ops  # noqa: F401  (the registry and the vocabularies plug in)
 from nestbatch.batch import NestedBatch
+from nestbatch.compat import torch_nested
 from nestbatch.compat.batching_helpers import (
     RaggedBatch,
     apply_mask_to_tensor,
@@ -35,7 +36,16 @@ from nestbatch.compat.torch_formats import (
     to_nested_tensor,
     to_packed_sequence,
 )
-from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
+from nestbatch.layouts import (
+    Layout,
+    NestedSize,
+    Packed,
+    Padded,
+    RaggedSize,
+    RowPartition,
+    TensorList,
+)
+from nestbatch.ops.attention import sequence_attention
 from nestbatch.ops.index_payloads import INDEX_FILLER, local_indices, packed_indices
 from nestbatch.ops.interop import accept_nested_batches
 
@@ -51,9 +61,11 @@ __all__ = [
     "INDEX_FILLER",
     "Layout",
     "NestedBatch",
+    "NestedSize",
     "Packed",
     "Padded",
     "RaggedBatch",
+    "RaggedSize",
     "RowPartition",
     "TensorList",
     "accept_nested_batches",
@@ -78,8 +90,10 @@ __all__ = [
     "nested",
     "pack",
     "packed_indices",
+    "sequence_attention",
     "squeeze_except_batch_and_sample",
     "sum_over_targets",
     "to_nested_tensor",
     "to_packed_sequence",
+    "torch_nested",
 ]

@@ -38,6 +38,7 @@ from nestbatch.checks import (
 )
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
 from nestbatch.layouts.padded import filler_key
+from nestbatch.layouts.sizes import NestedSize, RaggedSize
 from nestbatch.tensor_methods import TensorMethods
 
 
@@ -655,33 +656,35 @@ class NestedBatch(TensorMethods):
         """Same as :meth:`dim`."""
         return self.dim()
 
-    def size(self, dim: int | None = None) -> int:
-        """Size of a regular dim (logical): 0 (the batch) or a feature dim.
+    @property
+    def shape(self) -> NestedSize:
+        """Logical shape, as torch.nested's: ``NestedSize([B, j1, *feature])``, a
+        :class:`~nestbatch.layouts.sizes.RaggedSize` at every ragged dim (it differs per sample)
+        and ints elsewhere; ``shape[-1:]`` of the feature dims is a ``torch.Size``."""
+        ragged = iter(range(self.num_ragged_dims))
+        return NestedSize((self.batch_size, *(
+            RaggedSize(self._partition, next(ragged)) if size is None else size
+            for size in self.sample_shape
+        )))
+
+    def size(self, dim: int | None = None) -> int | RaggedSize | NestedSize:
+        """Size of logical ``dim``, as ``torch.Tensor.size``: an int, or a
+        :class:`~nestbatch.layouts.sizes.RaggedSize` for a ragged dim (torch.nested's nested
+        int); with no ``dim``, :attr:`shape`.
 
         Raises
         ------
-        ValueError
-            For a ragged dim (its size differs per sample: see :attr:`lengths` /
-            :attr:`shape_per_sample`), or with no ``dim`` (the batch has no single shape).
         IndexError
             For a dim out of range.
         """
         if dim is None:
-            raise ValueError(
-                "a NestedBatch has no single shape; call size(i) for a regular dim, or read "
-                "lengths / shape_per_sample for the ragged ones"
-            )
+            return self.shape
         dim = normalize_dim(dim, self.dim())
         kind, stored = storage_dim(self, dim)
         if kind == "batch":
             return self.batch_size
         if kind == "ragged":
-            raise ValueError(
-                f"dim {dim} is ragged and has no single size; use .lengths or .shape_per_sample "
-                "(an nn.RNN / LSTM / GRU with batch_first=False reads its batch size as size(1): "
-                "build it with batch_first=True, or call nestbatch.accept_nested_batches(module) "
-                "once)"
-            )
+            return RaggedSize(self._partition, stored - 1)
         return self.feature_shape[stored - 1]
 
     # ============================================================================ tensor surface
@@ -740,43 +743,96 @@ class NestedBatch(TensorMethods):
         """The batch detached from the autograd graph (shares storage)."""
         return self._map_primary(Tensor.detach)
 
-    def clone(self) -> NestedBatch:
-        """A copy of the batch with its own storage (differentiable)."""
-        return self._map_primary(Tensor.clone)
+    def clone(self, *, memory_format: torch.memory_format = torch.preserve_format
+              ) -> NestedBatch:
+        """A copy of the batch with its own storage (differentiable); ``memory_format`` as
+        ``Tensor.clone`` (the copy of a moved ragged dim stays a view of new storage in stored
+        order, as every batch is)."""
+        return self._map_primary(lambda t: t.clone(memory_format=memory_format))
 
-    def contiguous(self) -> NestedBatch:
-        """The batch with contiguous storage."""
-        return self._map_primary(Tensor.contiguous)
+    def contiguous(self, memory_format: torch.memory_format = torch.contiguous_format
+                   ) -> NestedBatch:
+        """The batch with contiguous storage (``Tensor.contiguous``)."""
+        return self._map_primary(lambda t: t.contiguous(memory_format=memory_format))
 
-    def _tensors(self) -> tuple[Tensor, ...]:
+    @property
+    def is_nested(self) -> bool:
+        """True, as ``Tensor.is_nested`` of a torch.nested tensor (code that branches on it)."""
+        return True
+
+    # ------------------------------------------------------------------------------- autograd
+    # The batch's autograd state is that of the tensors it stores (its primary layout's): they
+    # are the leaves a batch built with ``requires_grad`` holds, and every other layout and op
+    # result is differentiated back to them.
+    def stored(self) -> tuple[Tensor, ...]:
+        """The tensors the batch stores: the packed values, the padded data (padding slots
+        included) or the samples, whichever layout it was built in."""
         layout = self._primary
         if isinstance(layout, Packed):
             return (layout.values,)
         if isinstance(layout, Padded):
             return (layout.data,)
-        return layout.tensors
+        return tuple(layout.tensors)
+
+    def with_stored(self, tensors: Sequence[Tensor]) -> NestedBatch:
+        """A batch of this structure and layout over other ``tensors`` of the shapes of
+        :meth:`stored` (its gradients, say); a padded one's padding value is not kept."""
+        replacements = iter(tensors)
+        return self._map_primary(lambda _: next(replacements), keeps_filler=False)
 
     @property
     def requires_grad(self) -> bool:
         """Whether gradients flow to the stored data."""
-        return any(t.requires_grad for t in self._tensors())
+        return any(t.requires_grad for t in self.stored())
 
     def requires_grad_(self, requires_grad: bool = True) -> NestedBatch:
         """Set ``requires_grad`` on the stored data, in place; returns ``self``.
 
         Layouts cached before the call were computed without a graph, so they are dropped.
         """
-        for t in self._tensors():
+        for t in self.stored():
             t.requires_grad_(requires_grad)
         forget_derived_layouts(self)
         return self
 
     @property
+    def is_leaf(self) -> bool:
+        """Whether the stored data are leaves of the autograd graph (as ``Tensor.is_leaf``)."""
+        return all(t.is_leaf for t in self.stored())
+
+    @property
+    def grad_fn(self) -> Any:
+        """The autograd node that made the stored data (None for a leaf)."""
+        return next((t.grad_fn for t in self.stored() if t.grad_fn is not None), None)
+
+    def retain_grad(self) -> None:
+        """Keep :attr:`grad` of this non-leaf batch on ``backward`` (as ``Tensor.retain_grad``)."""
+        for t in self.stored():
+            t.retain_grad()
+
+    @property
     def grad(self) -> NestedBatch | None:
         """Gradient of the stored data as a batch of the same structure (None if absent)."""
-        if any(t.grad is None for t in self._tensors()):
+        grads = [t.grad for t in self.stored()]
+        if any(g is None for g in grads):
             return None
-        return self._map_primary(lambda t: t.grad, keeps_filler=False)
+        return self.with_stored(grads)
+
+    def backward(
+        self, gradient: NestedBatch | None = None, retain_graph: bool | None = None,
+        create_graph: bool = False, inputs: Sequence[Tensor | NestedBatch] | None = None,
+    ) -> None:
+        """Accumulate the gradients of this batch's leaves, as ``Tensor.backward``.
+
+        Parameters
+        ----------
+        gradient : NestedBatch
+            The gradient of this batch: the same samples' shapes (``torch.ones_like(b)``).
+            Required: a batch is never a scalar.
+        retain_graph, create_graph, inputs
+            As ``torch.autograd.backward``; ``inputs`` may hold batches.
+        """
+        torch.autograd.backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     def with_values(self, values: Tensor, ragged_dim: int | None = None) -> NestedBatch:
         """A batch of the same structure with new packed ``values (total, *feature)``.
@@ -860,8 +916,9 @@ class NestedBatch(TensorMethods):
             )
         ragged = []
         for dim, (size, have) in enumerate(zip(output_size, wanted)):
-            if have is None:
-                ragged.append(None if size is None or size == -1 else size)
+            if have is None:  # (this batch's own RaggedSize there: the longest, as -1)
+                longest = size is None or size == -1 or isinstance(size, RaggedSize)
+                ragged.append(None if longest else size)
             elif size is not None and size != -1 and size != have:
                 raise ValueError(
                     f"output_size[{dim}]={size} does not match the batch's size {have} there; "
@@ -875,7 +932,7 @@ class NestedBatch(TensorMethods):
 
     def is_pinned(self) -> bool:
         """Whether the stored data is in page-locked memory."""
-        return all(t.is_pinned() for t in self._tensors())
+        return all(t.is_pinned() for t in self.stored())
 
     # ============================================================================ torch interop
     @classmethod

@@ -14,6 +14,7 @@ synchronize with the device, which is why constructors take ``validate=False`` f
 from __future__ import annotations
 
 import array
+import math
 import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -21,11 +22,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from nestbatch.errors import NestedValueError
 from nestbatch.kernels.checks import (
     INDEX_DTYPES,
     check_bool,
     check_count,
-    check_filler,
     check_index_dtype,
     check_same_device,
     check_tensor,
@@ -38,9 +39,51 @@ from nestbatch.kernels.torch_impl import sizes_mask
 
 # Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
 __all__ = [
-    "check_bool", "check_count", "check_filler", "check_index_dtype", "check_same_device",
-    "check_tensor", "check_type", "check_valid_slots",
+    "check_bool", "check_count", "check_index_dtype", "check_same_device", "check_tensor",
+    "check_type", "check_valid_slots",
 ]
+
+
+def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value") -> object:
+    """``value`` as ``torch.full`` stores it in a tensor of ``dtype``, as a Python number:
+    ``4.2`` is ``True`` for bool and ``4`` for ``int32``, ``-1`` is ``255`` for ``uint8``,
+    ``1e6`` is ``inf`` for ``float16``, ``0.1`` its float32 rounding. A 0-d host tensor is read.
+
+    Raises
+    ------
+    TypeError
+        For something that is not a number.
+    NestedValueError
+        Where ``torch.full`` raises (a ``ValueError`` and, as torch's error, a
+        ``RuntimeError``): a value out of an integer dtype's range (``300`` for ``uint8``),
+        a non-finite value for an integer dtype, a complex value for a real dtype, ``1e300``
+        for ``float32``.
+    """
+    if isinstance(value, Tensor) and value.numel() == 1 and value.is_cpu:
+        value = value.item()
+    if not isinstance(value, int | float | complex):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    if torch.compiler.is_compiling():  # (torch checks the fill itself in the traced graph)
+        return value if dtype.is_floating_point or dtype.is_complex else \
+            (bool if dtype == torch.bool else int)(value)
+    # (-0.0 and 0.0 are equal keys: the sign tells them apart.)
+    key = (type(value), value, dtype, type(value) is float and math.copysign(1.0, value))
+    stored = _FILLERS_SEEN.get(key, _UNSEEN)
+    if stored is _UNSEEN:
+        try:  # torch's own cast on the host (a few us, once per filler and dtype)
+            stored = torch.full((), value, dtype=dtype).item()
+        except (RuntimeError, OverflowError) as error:
+            raise NestedValueError(
+                f"{name}={value!r} cannot be stored in a {dtype} tensor (torch.full refuses "
+                f"it: {error})"
+            ) from None
+        if len(_FILLERS_SEEN) < 256:  # the few fillers a program uses
+            _FILLERS_SEEN[key] = stored
+    return stored
+
+
+_UNSEEN = object()
+_FILLERS_SEEN: dict[tuple, object] = {}
 
 
 def check_integer_tensor(value: object, name: str, ndim: int | None = None,
@@ -587,6 +630,18 @@ def check_same_dtype(name: str, value: Any, ref_name: str, ref: Any) -> None:
     """Raise ``TypeError`` unless ``value`` and ``ref`` (tensors or batches) share a dtype."""
     if value.dtype != ref.dtype:
         raise TypeError(f"{name} has dtype {value.dtype} but {ref_name} has dtype {ref.dtype}")
+
+
+def check_same_ndim(name: str, value: Any, ref_name: str, ref: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` and ``ref`` (tensors or batches) have the same
+    number of dims (in the ``RaggedBatch`` reference's words: its writes assert this first).
+    Callers on hot paths compare ``len(shape)`` inline and call this only to raise."""
+    if len(value.shape) != len(ref.shape):
+        raise ValueError(
+            f"{name} and {ref_name} must have the same number of dimensions, got shapes "
+            f"{tuple(value.shape)} ({len(value.shape)} dims) and {tuple(ref.shape)} "
+            f"({len(ref.shape)} dims)"
+        )
 
 
 def check_tensor_sequence(value: object, name: str = "tensors", items: bool = True

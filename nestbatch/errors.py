@@ -28,25 +28,44 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 __all__ = [
+    "NestedIndexError",
+    "NestedTypeError",
+    "NestedValueError",
     "RaggedIndexError",
     "RaggedTypeError",
     "RaggedValueError",
+    "converted",
     "reference_compatible",
+    "torch_compatible",
     "reference_compatible_class",
 ]
 
 
-class RaggedValueError(ValueError, RuntimeError, AssertionError):
+class NestedValueError(ValueError, RuntimeError):
+    """A ``ValueError`` of a torch function on a batch, also a ``RuntimeError``: torch and
+    torch.nested raise ``RuntimeError`` for bad arguments to their ops."""
+
+
+class NestedTypeError(TypeError, RuntimeError):
+    """A ``TypeError`` of a torch function on a batch, also a ``RuntimeError`` (torch.nested
+    raises ``RuntimeError`` / ``NotImplementedError`` for an op or input it does not take)."""
+
+
+class NestedIndexError(IndexError, RuntimeError):
+    """An ``IndexError`` of a torch function on a batch, also a ``RuntimeError``."""
+
+
+class RaggedValueError(NestedValueError, AssertionError):
     """A ``ValueError`` of the ``RaggedBatch`` API (also a ``RuntimeError`` and an
     ``AssertionError``, as the reference raises)."""
 
 
-class RaggedTypeError(TypeError, RuntimeError, AssertionError):
+class RaggedTypeError(NestedTypeError, AssertionError):
     """A ``TypeError`` of the ``RaggedBatch`` API (also a ``RuntimeError`` and an
     ``AssertionError``)."""
 
 
-class RaggedIndexError(IndexError, RuntimeError, AssertionError):
+class RaggedIndexError(NestedIndexError, AssertionError):
     """An ``IndexError`` of the ``RaggedBatch`` API (also a ``RuntimeError`` and an
     ``AssertionError``)."""
 
@@ -57,22 +76,40 @@ _COMPATIBLE = ((IndexError, RaggedIndexError), (TypeError, RaggedTypeError),
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def reference_compatible(fn: F) -> F:
-    """Decorator: ``ValueError`` / ``TypeError`` / ``IndexError`` raised in ``fn`` leave it as
-    the matching class above (same message, traceback and cause)."""
+def _converting(table: tuple) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except (ValueError, TypeError, IndexError) as error:
+                raise converted(error, table) from error.__cause__
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, TypeError, IndexError) as error:
-            if isinstance(error, (RuntimeError, AssertionError)):
-                raise  # already catchable as the reference's
-            kind = next(new for old, new in _COMPATIBLE if isinstance(error, old))
-            converted = kind(*error.args)
-            raise converted.with_traceback(error.__traceback__) from error.__cause__
+        return wrapper  # type: ignore[return-value]
 
-    return wrapper  # type: ignore[return-value]
+    return decorate
+
+
+_TORCH_COMPATIBLE = ((IndexError, NestedIndexError), (TypeError, NestedTypeError),
+                     (ValueError, NestedValueError))
+
+#: Decorator: ``ValueError`` / ``TypeError`` / ``IndexError`` raised in the function leave it as
+#: the matching ``Ragged*`` class above (same message, traceback and cause).
+reference_compatible = _converting(_COMPATIBLE)
+
+#: Decorator: the same as the matching ``Nested*`` class (for torch.nested's constructors).
+torch_compatible = _converting(_TORCH_COMPATIBLE)
+
+
+def converted(error: Exception, table: tuple = _TORCH_COMPATIBLE) -> Exception:
+    """``error`` (a ``ValueError`` / ``TypeError`` / ``IndexError``) as the class of its kind in
+    ``table`` (default: the ``Nested*`` classes, also ``RuntimeError`` as torch's errors), with
+    its message and traceback; ``error`` itself when it already is a ``RuntimeError`` and the
+    table adds nothing more."""
+    kind = next(new for old, new in table if isinstance(error, old))
+    if isinstance(error, kind):
+        return error
+    return kind(*error.args).with_traceback(error.__traceback__)
 
 
 def reference_compatible_class(cls: type) -> type:

@@ -159,16 +159,48 @@ def test_device_only_sizes_are_read_once(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- tensor surface
+def test_shape_has_a_ragged_size_at_the_ragged_dim_as_torch_nested():
+    batch = nestbatch.nested([torch.randn(3, 4, 5), torch.randn(1, 4, 5)])
+    shape = batch.shape
+    assert isinstance(shape, nestbatch.NestedSize) and batch.size() == shape
+    assert len(shape) == 4 and shape[0] == 2 and shape[2:] == (4, 5)
+    assert repr(shape) == "NestedSize([2, j1, 4, 5])"
+    ragged = batch.size(1)
+    assert isinstance(ragged, nestbatch.RaggedSize) and ragged == shape[1] and ragged != 3
+    assert ragged.sizes.tolist() == [3, 1]
+    assert type(shape[-2:]) is torch.Size and shape[-2:] == torch.Size([4, 5])
+    assert type(shape[:2]) is nestbatch.NestedSize
+    # Equal for every batch of the same samples' sizes (same partition, or host sizes equal).
+    assert (batch * 2).shape == shape
+    assert nestbatch.nested([torch.randn(3, 4, 5), torch.randn(1, 4, 5)]).shape == shape
+    assert nestbatch.nested([torch.randn(2, 4, 5), torch.randn(1, 4, 5)]).shape != shape
+    for refuse in (int, range, lambda size: torch.zeros(2, size)):
+        with pytest.raises(TypeError, match="RaggedSize|ragged dim"):
+            refuse(ragged)
+    moved = batch.transpose(1, 2)
+    assert repr(moved.shape) == "NestedSize([2, 4, j1, 5])" and moved.size(2) == ragged
+    images = nestbatch.nested([torch.randn(2, 3, 1), torch.randn(4, 1, 1)], num_ragged_dims=2)
+    assert repr(images.shape) == "NestedSize([2, j1, j2, 1])"
+    assert images.size(2).sizes.tolist() == [3, 1]
+
+
+def test_a_reshape_takes_the_batch_s_own_ragged_size():
+    batch = nestbatch.nested([torch.randn(3, 8), torch.randn(1, 8)])
+    heads = batch.view(*batch.size()[:2], 2, 4)  # torch.nested's multi-head split
+    assert heads.shape[2:] == (2, 4) and heads.shape[1] == batch.shape[1]
+    torch.testing.assert_close(heads.unbind()[0], batch.unbind()[0].view(3, 2, 4))
+    assert torch.equal(batch.reshape(batch.shape).values, batch.values)
+    other = nestbatch.nested([torch.randn(2, 8), torch.randn(1, 8)])
+    with pytest.raises(ValueError, match="not this batch's own"):
+        batch.view(2, other.size(1), 2, 4)
+
+
 def test_metadata_surface():
     batch = nestbatch.nested([torch.randn(3, 4, 5), torch.randn(1, 4, 5)])
     assert len(batch) == batch.batch_size == 2
     assert batch.dim() == batch.ndim == 4
     assert batch.feature_shape == (4, 5) and batch.num_ragged_dims == 1
     assert batch.size(0) == 2 and batch.size(2) == 4 and batch.size(-1) == 5
-    with pytest.raises(ValueError, match="ragged"):
-        batch.size(1)
-    with pytest.raises(ValueError, match="no single shape"):
-        batch.size()
     with pytest.raises(IndexError):
         batch.size(4)
     assert batch.dtype == torch.float32 and batch.device.type == "cpu" and not batch.is_cuda

@@ -265,14 +265,14 @@ def test_batched_index_mapping_matches_loop(data):
     # Pairs must be valid in both: restrict to samples where both sides have entries.
     common = torch.minimum(s_bound, t_bound)
     t_idx = _index_batch(data.draw, gen, batch_shape, common, unique=True)
-    s_raw = _index_batch(data.draw, gen, batch_shape, common)
     width = t_idx.max_sample_size
     s_tensor = torch.zeros(batch_shape + (width,), dtype=torch.int64)
     for b in _batch_positions(batch_shape):
         n = int(t_idx.sample_sizes[b])
         if n:
             s_tensor[b][:n] = torch.randint(-int(s_bound[b]), int(s_bound[b]), (n,), generator=gen)
-    s_idx = t_idx.create_with_sample_sizes_like_self(s_tensor.to(s_raw.dtype))
+    # Both index batches of one dtype: the reference refuses a mix (see test_reference_behaviour).
+    s_idx = t_idx.create_with_sample_sizes_like_self(s_tensor.to(t_idx.dtype))
     out = batched_index_mapping(source, s_idx, t_idx, target)
     assert type(out) is type(target)
     expected = _tensor_of(target).clone()
@@ -523,7 +523,9 @@ def test_combine_data_flat_and_nested():
         combine_data([torch.ones(2, 3), torch.ones(2, 4)])
     with pytest.raises(TypeError, match="dtype"):
         combine_data([torch.ones(2), torch.ones(2, dtype=torch.int64)])
-    empty = combine_data([])
+    with pytest.raises(ValueError, match="data_list must not be empty"):
+        combine_data([])
+    empty = combine_data([[]])  # no sample, but a batch shape to give: an empty batch
     assert empty.batch_shape == (0,)
 
 
@@ -663,8 +665,10 @@ def test_errors_name_argument_and_shapes():
         batched_indexing_write(torch.zeros(2, 3), idx, data)
     with pytest.raises(IndexError, match="output_indices"):
         batched_inverse_indexing_access(torch.zeros(2, 2), idx, 1)
-    with pytest.raises(ValueError, match="does not match"):
+    with pytest.raises(ValueError, match="same number of dimensions"):
         batched_index_mapping(torch.zeros(2, 3, 2), idx, idx, data)
+    with pytest.raises(ValueError, match="does not match"):
+        batched_index_mapping(torch.zeros(2, 3, 2), idx, idx, torch.zeros(2, 3, 4))
     with pytest.raises(TypeError, match=r"input_mask must be a bool tensor \(torch.bool\)"):
         batched_bool_indexing(data, data)
     with pytest.raises(ValueError, match="single batch dim"):

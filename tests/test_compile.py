@@ -26,6 +26,11 @@ def _batch(features=16, seed=0):
 torch.manual_seed(0)
 _LIN, _LN, _EMB = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Embedding(50, 16)
 
+def _attend_over_sequences(x):
+    heads_first = x.transpose(1, 2)
+    return F.scaled_dot_product_attention(heads_first, heads_first, heads_first).transpose(1, 2)
+
+
 VOCABULARY = {
     "elementwise": (lambda x: torch.exp(x) * 2 + 1, _batch),
     "linear_layernorm_gelu": (lambda x: F.gelu(_LN(_LIN(x))), _batch),
@@ -38,8 +43,14 @@ VOCABULARY = {
     "prefix_slice": (lambda x: x[:, :2], _batch),
     "to_padded": (lambda x: x.to_padded_tensor(0.0), _batch),
     "to_packed": (lambda x: x.packed().values * 2, _batch),
+    # (B, j, H, E): attention over the heads for every token, as torch's (dim -2)
     "sdpa": (lambda x: F.scaled_dot_product_attention(x, x, x),
              lambda: NestedBatch.from_lengths(torch.randn(20, 2, 8), [3, 5, 2, 10])),
+    # torch.nested's recipe: (B, H, j, E) attends over the sequence
+    "sdpa_heads_first": (_attend_over_sequences,
+                         lambda: NestedBatch.from_lengths(torch.randn(20, 2, 8), [3, 5, 2, 10])),
+    "sequence_attention": (lambda x: nb.sequence_attention(x, x, x),
+                           lambda: NestedBatch.from_lengths(torch.randn(20, 2, 8), [3, 5, 2, 10])),
 }
 
 
@@ -196,7 +207,8 @@ def test_dynamic_true_reuses_one_graph_for_other_sizes(name):
     assert _graphs_for_other_sizes(*VOCABULARY[name], dynamic=True) == 1
 
 
-@pytest.mark.parametrize("name", ["linear_layernorm_gelu", "softmax", "prefix_slice", "sdpa"])
+@pytest.mark.parametrize("name", ["linear_layernorm_gelu", "softmax", "prefix_slice", "sdpa",
+                                  "sdpa_heads_first"])
 def test_automatic_dynamic_recompiles_at_most_once(name):
     # torch's default: the first call specializes, the first change of sizes makes them dynamic.
     assert _graphs_for_other_sizes(*VOCABULARY[name], dynamic=None) <= 2

@@ -39,8 +39,11 @@ def test_mixed_devices_need_explicit_device():
 
 
 def test_non_tensor_samples():
-    with pytest.raises(TypeError, match=r"tensors\[1\] must be a torch.Tensor, got list"):
-        nestbatch.nested([torch.ones(2), [1, 2]])
+    with pytest.raises(TypeError, match=r"tensors\[1\] must be a tensor or \(nested lists of\) "
+                       "numbers, got str"):
+        nestbatch.nested([torch.ones(2), "ab"])
+    with pytest.raises(TypeError, match=r"mixed dtypes.*pass dtype="):
+        nestbatch.nested([torch.ones(2), [1, 2]])  # read as torch.as_tensor reads it: int64
     with pytest.raises(TypeError, match="list or tuple of tensors"):
         nestbatch.nested(torch.ones(3, 2))
     with pytest.raises(TypeError, match="as_nested takes"):

@@ -1,23 +1,23 @@
-"""A padding value the dtype cannot hold is a ValueError naming ``padding_value``, the dtype and
-the value, on every path: every layout the batch is stored in, CPU and (fake) CUDA, the
-``kernels`` functions and the RaggedBatch helpers."""
+"""A padding value is stored as ``torch.full`` stores it in the batch's dtype (``4.2`` is
+``True`` for bool, ``-1`` is ``255`` for ``uint8``, ``2.5`` is ``2`` for integers, ``1e10`` is
+``inf`` for float16), and where ``torch.full`` raises, so does every path (a ``ValueError`` naming
+``padding_value``, the dtype and the value, also a ``RuntimeError`` as torch's): every layout the
+batch is stored in, CPU and (fake) CUDA, the ``kernels`` functions and the RaggedBatch helpers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from gpu_path import fake_cuda
+from gpu_path import fake_cuda, real_values
 
 import nestbatch as nb
 from nestbatch import Layout, kernels
 from nestbatch.kernels import torch_impl as reference
 
-BAD = [
-    (torch.uint8, -1), (torch.uint8, 256), (torch.int8, 2.5), (torch.int32, float("nan")),
-    (torch.bool, 2), (torch.float16, 1e10), (torch.int64, "x"),
-]
-GOOD = [(torch.uint8, 255), (torch.int32, 7.0), (torch.bool, True), (torch.float16, -float("inf")),
-        (torch.float32, float("nan")), (torch.int64, -(2**63))]
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64]
+VALUES = [0, 1, -1, 2, 4.2, -4.7, 2.5, -0.5, -0.0, 255, 256, -255, -256, 300, 2**31, -(2**63),
+          2**63, 1e6, 1e10, 1e300, float("nan"), float("inf"), -float("inf"), True, False, 1 + 2j]
 
 
 def _batch(dtype, layout, device="cpu"):
@@ -25,34 +25,48 @@ def _batch(dtype, layout, device="cpu"):
     return nb.nested(samples).to(layout)
 
 
+def _torch_full(value, dtype):
+    try:
+        return torch.full((), value, dtype=dtype)
+    except (RuntimeError, OverflowError):
+        return None
+
+
 @pytest.mark.parametrize("layout", [Layout.LIST, Layout.PACKED, Layout.PADDED])
-@pytest.mark.parametrize("dtype, value", BAD)
-def test_bad_fillers_on_every_layout(layout, dtype, value):
-    error = TypeError if isinstance(value, str) else ValueError
-    with pytest.raises(error, match="padding_value"):
-        _batch(dtype, layout).padded(value)
-    with pytest.raises(error, match="padding_value"):
-        _batch(dtype, layout).to_padded_tensor(value)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fillers_are_stored_as_torch_full_stores_them(layout, dtype):
+    for value in VALUES:
+        expected = _torch_full(value, dtype)
+        if expected is None:
+            with pytest.raises((ValueError, RuntimeError), match="padding_value") as caught:
+                _batch(dtype, layout).padded(value)
+            assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)
+            with pytest.raises(RuntimeError, match="padding_value"):
+                _batch(dtype, layout).to_padded_tensor(value)
+            continue
+        for padded in (_batch(dtype, layout).padded(value).data,
+                       _batch(dtype, layout).to_padded_tensor(value)):
+            slot = padded[1, 2]  # sample 1 has one row: slot 2 is padding
+            same = torch.equal(slot, expected.expand_as(slot)) or (
+                expected.is_floating_point() and bool(expected.isnan()) and slot.isnan().all())
+            assert same, (value, dtype, slot, expected)
+            if expected.is_floating_point() and expected == 0:  # -0.0 keeps its sign
+                assert torch.equal(slot.signbit(), expected.signbit().expand_as(slot))
+
+
+def test_a_filler_that_is_not_a_number_is_a_type_error():
+    with pytest.raises(TypeError, match="padding_value must be a number"):
+        _batch(torch.int64, Layout.PACKED).padded("x")
 
 
 @pytest.mark.parametrize("layout", [Layout.PACKED, Layout.PADDED])
-def test_bad_fillers_on_fake_cuda(layout):
+def test_fillers_on_fake_cuda(layout):
     with fake_cuda():
         values = torch.zeros(6, 2, dtype=torch.uint8, device="cuda")
         batch = nb.NestedBatch.from_lengths(values, [3, 1, 2]).to(layout)
-        with pytest.raises(ValueError, match=r"padding_value=-1 .*torch.uint8"):
-            batch.padded(-1)
-
-
-@pytest.mark.parametrize("layout", [Layout.LIST, Layout.PACKED, Layout.PADDED])
-@pytest.mark.parametrize("dtype, value", GOOD)
-def test_good_fillers_are_written_exactly(layout, dtype, value):
-    padded = _batch(dtype, layout).padded(value).data
-    expected = torch.tensor(value, dtype=dtype)
-    slot = padded[1, 2]  # sample 1 has one row: slot 2 is padding
-    assert torch.equal(slot, expected.expand_as(slot)) or (
-        expected.is_floating_point() and torch.isnan(expected) and torch.isnan(slot).all()
-    )
+        with pytest.raises(RuntimeError, match=r"padding_value=300 .*torch.uint8"):
+            batch.padded(300)
+        assert real_values(batch.padded(-1).data)[1, 2].tolist() == [255, 255]
 
 
 def test_kernels_cast_fillers_as_torch_and_match_the_reference():

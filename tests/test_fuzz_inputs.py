@@ -374,8 +374,8 @@ def _misuses(batch: NestedBatch) -> dict[str, tuple[Any, str]]:
         "integer on the ragged dim": (lambda: batch[:, 0], "ragged dim"),
         "sample past the end": (lambda: batch[batch.batch_size], "out of range"),
         "padding_value str": (lambda: batch.padded("x"), "padding_value"),
-        "padding_value out of range": (lambda: batch.padded(2.5 if not
-                                       batch.dtype.is_floating_point else 1e300), "padding_value"),
+        # (torch.full refuses an int no 64-bit scalar holds, whatever the dtype)
+        "padding_value out of range": (lambda: batch.padded(10**30), "padding_value"),
         "reduce dim out of range": (lambda: torch.sum(batch, dim=9), "dim"),
         "different structures": (lambda: batch + other, "structure"),
         "max_shape too small": (lambda: batch.padded(0, max_shape=[-2]), "max_shape"),

@@ -46,6 +46,7 @@ import nestbatch.conversions as convert
 import nestbatch.convert.kaolin as kaolin
 import nestbatch.convert.pytorch3d as pytorch3d
 from nestbatch import NestedBatch, RaggedBatch
+from nestbatch import torch_nested as tn
 from nestbatch.ops import registry
 
 pytestmark = pytest.mark.filterwarnings("ignore:PyTorch was compiled without cuDNN")
@@ -163,6 +164,7 @@ def audit(name: str, make: Make, *, device: bool | None = None, host: bool = Tru
 PER_SAMPLE = {
     "torch.unbind", "Tensor.unbind", "NestedBatch.unbind", "NestedBatch.__iter__",
     "NestedBatch.tensor_list", "NestedBatch.from_list", "nb.nested", "nb.as_nested", "nb.pack",
+    "torch_nested.nested_tensor", "torch_nested.as_nested_tensor",
     "nb.collate", "nb.combine_data", "nb.TensorList", "RaggedBatch.split",
     "kaolin.get_shape_per_tensor", "kaolin.list_to_packed", "kaolin.list_to_padded",
     "kaolin.packed_to_list", "kaolin.padded_to_list", "pytorch3d.list_to_packed",
@@ -207,12 +209,22 @@ EXCEPTIONS: dict[str, str] = {
 #: (Empty: the eleven the first audit found are fixed; see the git history of this file.)
 KNOWN_PROBLEMS: dict[str, str] = {}
 
+_AUTOGRAD = ("needs requires_grad=True, and autograd aborts the process on fake CUDA tensors "
+             "with a CPU-only torch (tests/test_batch_autograd.py checks it on the CPU)")
+
 #: Public names and registered functions not audited here, and why.
 NOT_AUDITED: dict[str, str] = {
     "nb.Layout": "an enum of the layout kinds: no tensor, nothing to launch",
     "nb.INDEX_FILLER": "a constant (the padded slots of an index batch): nothing to call",
-    "RaggedBatch.retain_grad": "needs requires_grad=True, and autograd aborts the process on "
-    "fake CUDA tensors with a CPU-only torch",
+    "nb.torch_nested": "a module: its functions are audited as torch_nested.*",
+    "RaggedBatch.retain_grad": _AUTOGRAD,
+    "NestedBatch.retain_grad": _AUTOGRAD,
+    "NestedBatch.backward": _AUTOGRAD,
+    "torch.autograd.backward": _AUTOGRAD,
+    "torch.autograd.grad": _AUTOGRAD,
+    "nb.RaggedSize": "the size of a ragged dim in a shape: holds the partition, launches nothing "
+    "(NestedBatch.shape is audited)",
+    "nb.NestedSize": "a tuple of sizes: launches nothing (NestedBatch.shape is audited)",
 }
 
 
@@ -230,7 +242,8 @@ def _names_of(namespace: Any, prefix: str) -> dict[int, str]:
 
 
 _NAMESPACES = [(torch, "torch"), (torch.Tensor, "Tensor"), (F, "F"),
-               (torch.special, "torch.special")]
+               (torch.special, "torch.special"), (torch.autograd, "torch.autograd"),
+               (torch.nested, "torch.nested")]
 
 
 def qualified_name(func: Callable) -> str:
@@ -353,6 +366,15 @@ RECIPES: dict[str, Recipe] = {
     **{name: with_scalar(2.0) for name in _REFLECTED},
     "bitwise_not": unary(dtype=torch.bool),
     "__invert__": unary(dtype=torch.bool),
+    "torch.nested.to_padded_tensor": unary(-1.0),
+    "unflatten": unary(-1, (2, FEATURES // 2)),
+    "chunk": unary(2, -1),
+    "split": unary(2, -1),
+    "tensor_split": unary(2, -1),
+    "narrow": unary(-1, 1, 2),
+    "numel": unary(),
+    "element_size": unary(),
+    "is_contiguous": unary(),
     "imag": unary(dtype=torch.complex64),
     "clamp": unary(-1.0, 1.0),
     "clip": unary(-1.0, 1.0),
@@ -513,6 +535,27 @@ audit("torch.amax [empty samples]",
       lambda s: (lambda b: lambda: torch.amax(b, dim=1))(_with_empty_samples(s)), device=True)
 audit("torch.softmax [empty samples]",
       lambda s: (lambda b: lambda: torch.softmax(b, dim=1))(_with_empty_samples(s)), device=True)
+
+
+def _attention(fn: Callable, transpose: bool, partition_only: bool = False) -> Make:
+    """Self-attention of ``(B, j, 2, 8)`` batches (float32, head dim 8: the varlen efficient
+    kernel where the ragged dim is at dim -2), transposed to torch.nested's ``(B, H, j, E)``
+    with ``transpose``; keys and values other tensors of the query's partition with
+    ``partition_only``."""
+    def make(s: Inputs) -> Callable[[], Any]:
+        q = s.batch(2, 8).transpose(1, 2) if transpose else s.batch(2, 8)
+        k, v = (s.like(q), s.like(q)) if partition_only else (q, q)
+        return lambda: fn(q, k, v)
+    return make
+
+
+# Attention in each form: (B, H, j, E) over j (the varlen kernel; padded with device sizes);
+# (B, j, H, E) over H (torch's attention on the packed values); sequence_attention.
+audit("F.scaled_dot_product_attention [(B, H, j, E)]",
+      _attention(F.scaled_dot_product_attention, True), device=True)
+audit("F.scaled_dot_product_attention [(B, j, H, E) over H]",
+      _attention(F.scaled_dot_product_attention, False, partition_only=True), device=True)
+audit("nb.sequence_attention", _attention(nb.sequence_attention, False), device=True)
 def _padded_pair(s: Inputs) -> tuple[NestedBatch, NestedBatch]:
     """A batch stored padded, and another of its partition."""
     b = NestedBatch.from_padded(s.padded_data(), s.lengths)
@@ -611,11 +654,11 @@ def _attribute(name: str) -> Make:
     return make
 
 
-for _name in ("batch_size", "device", "dtype", "feature_shape", "is_cuda", "layout",
+for _name in ("batch_size", "device", "dtype", "feature_shape", "is_cuda", "is_nested", "layout",
               "materialized_layouts", "max_shape", "ndim", "num_ragged_dims", "ragged_dim",
               "ragged_rank", "requires_grad", "grad", "sample_shape", "values", "flat_values",
               "lengths", "offsets", "row_ids", "mask", "shape_per_sample", "nested_row_splits",
-              "partition"):
+              "partition", "shape", "is_leaf", "grad_fn"):
     audit(f"NestedBatch.{_name}", _attribute(_name), device=True)
 
 for _name, _args, _kwargs in [
@@ -626,11 +669,15 @@ for _name, _args, _kwargs in [
     ("contiguous", (), {}), ("requires_grad_", (False,), {}), ("is_pinned", (), {}),
     ("dim", (), {}), ("has_layout", (nb.Layout.PADDED,), {}),
     ("to", (torch.float64,), {}), ("to_ragged_batch", (), {}),
-    ("map_values", (torch.exp,), {}),
+    ("map_values", (torch.exp,), {}), ("stored", (), {}),
 ]:
     audit(f"NestedBatch.{_name}", _method(_name, *_args, **_kwargs), device=True)
 
 audit("NestedBatch.size [dim 0]", _method("size", 0), device=True)
+audit("NestedBatch.size [ragged dim]", _method("size", 1), device=True)
+audit("NestedBatch.size", _method("size"), device=True)
+audit("NestedBatch.with_stored", lambda s: (lambda b: lambda: b.with_stored(b.stored()))(
+    s.batch()), device=True)
 audit("NestedBatch.size [feature dim]", _method("size", 2), device=True)
 audit("NestedBatch.padded [max_shape]", _method("padded", 0.0, (MAX_LEN,)), device=True)
 audit("NestedBatch.padded [left]", _method("padded", padding_side="left"), device=True)
@@ -745,6 +792,21 @@ audit("nb.RowPartition", lambda s: lambda: nb.RowPartition.from_host_lengths(
 audit("nb.nested", lambda s: (lambda x: lambda: nb.nested(x))(s.samples()))
 audit("nb.as_nested", lambda s: (lambda x: lambda: nb.as_nested(x))(s.samples()))
 audit("nb.pack", lambda s: (lambda x: lambda: nb.pack(x))(s.samples()))
+audit("torch_nested.nested_tensor", lambda s: (lambda x: lambda: tn.nested_tensor(x))(
+    s.samples()))
+audit("torch_nested.as_nested_tensor", lambda s: (lambda x: lambda: tn.as_nested_tensor(x))(
+    s.samples()))
+audit("torch_nested.as_nested_tensor [dense]", lambda s: (
+    lambda x: lambda: tn.as_nested_tensor(x))(s.dense(s.B, 3, FEATURES)))
+audit("torch_nested.nested_tensor_from_jagged", lambda s: (
+    lambda v, o: lambda: tn.nested_tensor_from_jagged(v, o))(s.values(), s.device_offsets()),
+    host=False)
+audit("torch_nested.narrow", lambda s: (lambda x, n: lambda: tn.narrow(x, 1, 0, n))(
+    s.dense(s.B, MAX_LEN, FEATURES), s.device_lengths()), host=False)
+audit("torch_nested.masked_select", lambda s: (lambda x, m: lambda: tn.masked_select(x, m))(
+    s.dense(s.B, MAX_LEN), s.dense(s.B, MAX_LEN) > 0), host=False)
+audit("torch_nested.to_padded_tensor", lambda s: (lambda b: lambda: tn.to_padded_tensor(b, 0.0))(
+    s.batch()))
 audit("nb.collate", lambda s: (lambda x: lambda: nb.collate(x, ragged=(0,)))(
     [(t, t.sum()) for t in s.samples()]))
 audit("nb.to_packed_sequence", lambda s: (lambda b: lambda: nb.to_packed_sequence(b))(

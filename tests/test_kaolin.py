@@ -105,3 +105,19 @@ def test_errors():
         kaolin.fill_max_shape(torch.tensor([[1, 2]]), [3])
     with pytest.raises(ValueError, match="first_idx"):
         kaolin.packed_to_list(torch.ones(3, 1), torch.tensor([[3]]), torch.tensor([0]))
+
+
+def test_list_to_packed_refuses_different_last_dims_in_kaolins_words():
+    """kaolin.ops.batch.list_to_packed: ``ValueError`` with its message, for the first tensor
+    whose last dim differs from the first one's (after the number-of-dims check)."""
+    with pytest.raises(ValueError) as caught:
+        kaolin.list_to_packed([torch.ones(2, 2), torch.ones(3, 3)])
+    assert str(caught.value) == "Expected all tensor to have last dimension 2 but got 3 at index 1"
+    with pytest.raises(ValueError, match="^Expected all tensor to have last dimension 3 but got 1 "
+                                         "at index 2$"):
+        kaolin.list_to_packed([torch.ones(2, 4, 3), torch.ones(1, 1, 3), torch.ones(5, 2, 1)])
+    with pytest.raises(ValueError, match="3 dimensions but got 2 at index 1"):
+        kaolin.list_to_packed([torch.ones(1, 2, 3), torch.ones(2, 3)])
+    # The same samples with one last dim pack as before.
+    packed, shapes = kaolin.list_to_packed([torch.ones(2, 3), torch.zeros(0, 3), torch.ones(1, 3)])
+    assert packed.shape == (3, 3) and shapes.tolist() == [[2], [0], [1]]

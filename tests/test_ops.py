@@ -270,8 +270,12 @@ def test_sdpa_per_sample(heads, causal):
     q = [torch.randn(n, *feat) for n in lq]
     k = [torch.randn(n, *feat) for n in lk]
     v = [torch.randn(n, *feat) for n in lk]
-    out = F.scaled_dot_product_attention(nestbatch.nested(q), nestbatch.nested(k),
-                                         nestbatch.nested(v), is_causal=causal)
+    qb, kb, vb = (nestbatch.nested(x) for x in (q, k, v))
+    if heads:  # torch.nested's recipe: (B, j, H, E) -> (B, H, j, E), attend, and back
+        qb, kb, vb = (b.transpose(1, 2) for b in (qb, kb, vb))
+    out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal)
+    if heads:
+        out = out.transpose(1, 2)
     def alone(a, b, c):
         if heads:
             a, b, c = (t.transpose(0, 1) for t in (a, b, c))

@@ -75,13 +75,20 @@ def test_properties():
 
 
 def test_repr_shows_the_data_tensor_as_the_reference_does():
-    """``tensor=`` then the data tensor as torch prints it, then the sizes and dims."""
+    """The reference's fields in its order: ``tensor=`` (the data tensor as torch prints it),
+    ``mask=``, ``sample_sizes=``, ``non_uniform_dim=``, ``batch_shape=``."""
     rb = RaggedBatch(torch.arange(6.0).view(2, 3), sample_sizes=torch.tensor([1, 3]))
-    text = repr(rb)
-    assert text.startswith(f"RaggedBatch(tensor={rb.tensor}, ")
-    assert f"sample_sizes={rb.sample_sizes}" in text
-    assert "non_uniform_dim=1" in text and "num_batch_dims=1" in text
-    assert "batch_shape=(2,)" in text
+    assert repr(rb) == (
+        f"RaggedBatch(tensor={rb.tensor}, mask={rb.mask}, sample_sizes={rb.sample_sizes}, "
+        "non_uniform_dim=1, batch_shape=torch.Size([2]))"
+    )
+    # A batch made from a mask shows the sizes derived from it.
+    from_mask = RaggedBatch(torch.zeros(2, 3, 4), mask=torch.tensor([[1, 1, 0], [0, 0, 0]]).bool(),
+                            non_uniform_dim=1)
+    assert f"sample_sizes={torch.tensor([2, 0])}" in repr(from_mask)
+    moved = RaggedBatch(torch.zeros(2, 3, 4, 5), sample_sizes=torch.tensor([[1, 4, 0], [2, 2, 3]]),
+                        non_uniform_dim=2)
+    assert repr(moved).endswith("non_uniform_dim=2, batch_shape=torch.Size([2, 3]))")
 
 
 def test_requires_grad_retains_grad_and_item_access():
@@ -226,7 +233,7 @@ def test_broadcast_batch_dims():
     b = a.broadcast_batch_dims_to_shape((3, 4))
     assert b.batch_shape == (3, 4) and b.non_uniform_dim == 2
     assert torch.equal(b.sample_sizes, torch.tensor([1, 2, 1, 2]).expand(3, 4))
-    one = RaggedBatch(torch.ones(1, 2), sample_sizes=torch.tensor([2]))
+    one = RaggedBatch(torch.ones(1, 2), sample_sizes=torch.tensor([2])).unsqueeze_batch_dim(0)
     x, y = RaggedBatch.broadcast_batch_dims([one, b])
     assert x.batch_shape == y.batch_shape == (3, 4)
     assert torch.equal(x.sample_sizes, torch.full((3, 4), 2))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -107,10 +109,16 @@ def _bad_calls():
         (IndexError, lambda: nb.batched_indexing_access(data, indices)),
         (ValueError, lambda: combine_data([torch.rand(3, 4), torch.rand(1, 5)])),
         (ValueError, lambda: nb.get_mask_from_indices(-1, indices)),
+        (TypeError, lambda: nb.batched_index_mapping(data, indices, indices.int(), data)),
+        (ValueError, lambda: nb.batched_indexing_write(torch.randn(2, 2), indices, data)),
+        (ValueError, lambda: combine_data([])),
+        (ValueError, lambda: RaggedBatch.broadcast_batch_dims(
+            [RaggedBatch(torch.zeros(2, 3), sample_sizes=sizes),
+             RaggedBatch(torch.zeros(1, 2, 3), sample_sizes=sizes[None])])),
     ]
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(len(_bad_calls())))
 def test_errors_are_nestbatch_types_and_also_the_references(case):
     from nestbatch import errors
 
@@ -212,3 +220,116 @@ def test_one_name_per_concept():
                        sequences.values)
     with pytest.raises(TypeError, match="takes a NestedBatch"):
         nb.to_packed_sequence(torch.randn(3, 4))
+
+
+# ------------------------------------------------- the reference's checks, words and repr
+def _index_pairs(source_dtype, target_dtype):
+    sizes = torch.tensor([2, 1])
+    source = RaggedBatch(torch.tensor([[0, 2], [1, 0]], dtype=source_dtype), sample_sizes=sizes)
+    target = RaggedBatch(torch.tensor([[3, 1], [0, 0]], dtype=target_dtype), sample_sizes=sizes)
+    return source, target
+
+
+@pytest.mark.parametrize("check_bounds", [True, False])
+@pytest.mark.parametrize("source_dtype, target_dtype",
+                         [(torch.int64, torch.int32), (torch.int32, torch.int64)])
+def test_index_mapping_refuses_index_batches_of_different_dtypes(source_dtype, target_dtype,
+                                                                 check_bounds):
+    """The reference's kernel reads both index batches with one index type: a mix raises a
+    ``RuntimeError`` there. nestbatch names both arguments and dtypes."""
+    data = torch.randn(2, 4, 3)
+    source, target = _index_pairs(source_dtype, target_dtype)
+    words = (f"source_indices has dtype {source_dtype} but target_indices has dtype "
+             f"{target_dtype}")
+    for catch in (RuntimeError, TypeError, AssertionError):
+        with pytest.raises(catch, match=words):
+            nb.batched_index_mapping(data, source, target, data, check_bounds=check_bounds)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_index_mapping_takes_index_batches_of_one_dtype(dtype):
+    data = torch.arange(24.0).view(2, 4, 3)
+    source, target = _index_pairs(dtype, dtype)
+    out = nb.batched_index_mapping(data, source, target, torch.zeros(2, 4, 3))
+    assert torch.equal(out[0, 3], data[0, 0]) and torch.equal(out[0, 1], data[0, 2])
+    assert torch.equal(out[1, 0], data[1, 1])
+
+
+def _writes_with_operands_of_different_dims():
+    sizes = torch.tensor([2, 1])
+    indices = RaggedBatch(torch.tensor([[0, 2], [1, 0]]), sample_sizes=sizes)
+    mask = torch.tensor([[True, False, True, False], [False, True, False, False]])
+    values = RaggedBatch(torch.randn(2, 2, 3), sample_sizes=sizes)
+    return {
+        "indexing_write, more dims in to_write": lambda: nb.batched_indexing_write(
+            torch.randn(2, 2, 3), indices, torch.zeros(2, 4)),
+        "indexing_write, fewer dims in to_write": lambda: nb.batched_indexing_write(
+            torch.randn(2, 2), indices, torch.zeros(2, 4, 3)),
+        "bool_indexing_write": lambda: nb.batched_bool_indexing_write(
+            values, mask, torch.zeros(2, 4)),
+        "bool_indexing_write, ragged target": lambda: nb.batched_bool_indexing_write(
+            values, mask, RaggedBatch(torch.zeros(2, 4, 3, 1), sample_sizes=torch.tensor([4, 2]))),
+        "index_mapping": lambda: nb.batched_index_mapping(
+            torch.randn(2, 4), indices, indices, torch.zeros(2, 4, 3)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_writes_with_operands_of_different_dims()))
+def test_writes_refuse_operands_of_different_numbers_of_dims_in_the_references_words(case):
+    """The reference asserts ``to_write.dim() == to_write_into.dim()`` (boolean write) and its
+    kernels assert the same of the two data operands (indexed write, mapping)."""
+    call = _writes_with_operands_of_different_dims()[case]
+    for catch in (ValueError, RuntimeError, AssertionError):
+        with pytest.raises(catch, match="must have the same number of dimensions"):
+            call()
+
+
+def test_combine_data_refuses_an_empty_list_as_the_reference():
+    """The reference asserts ``len(data_list) > 0``; nested lists without a sample still give
+    an empty batch (the reference's ``Empty(2, 1)`` there too)."""
+    for empty in ([], ()):
+        for catch in (ValueError, AssertionError):
+            with pytest.raises(catch, match="data_list must not be empty"):
+                combine_data(empty)
+    nothing = combine_data([[], []])
+    assert nothing.batch_shape == (0,) and nothing.dim() == 2
+
+
+def _batch(*batch_shape):
+    sizes = torch.arange(math.prod(batch_shape)).view(batch_shape) % 3
+    return RaggedBatch(torch.randn(*batch_shape, 2, 5), sample_sizes=sizes)
+
+
+def test_broadcast_batch_dims_repeats_each_dim_to_a_multiple_of_its_size():
+    batches = [_batch(2, 3), _batch(4, 3), _batch(2, 6)]
+    out = RaggedBatch.broadcast_batch_dims(batches)
+    assert [tuple(b.batch_shape) for b in out] == [(4, 6)] * 3
+    for before, after in zip(batches, out):
+        reps = (4 // before.batch_shape[0], 6 // before.batch_shape[1])
+        assert torch.equal(after.tensor, before.tensor.repeat(*reps, 1, 1))
+        assert torch.equal(after.sample_sizes, before.sample_sizes.repeat(*reps))
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3), (3,)], [(3,), (1, 3)], [(2, 3), (2, 3), (1, 1, 3)]])
+def test_broadcast_batch_dims_refuses_different_numbers_of_batch_dims(shapes):
+    """The reference stacks the batch shapes and asserts when that fails: it never adds a
+    batch dim, unlike torch broadcasting."""
+    for catch in (ValueError, AssertionError, RuntimeError):
+        with pytest.raises(catch, match="number of batch dims differs"):
+            RaggedBatch.broadcast_batch_dims([_batch(*shape) for shape in shapes])
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3), (3, 3)], [(2, 4), (2, 6)], [(4,), (6,)]])
+def test_broadcast_batch_dims_refuses_sizes_that_are_not_multiples(shapes):
+    with pytest.raises(AssertionError, match="cannot broadcast batch shape"):
+        RaggedBatch.broadcast_batch_dims([_batch(*shape) for shape in shapes])
+
+
+def test_repr_has_the_references_fields_in_its_order():
+    rb = RaggedBatch(torch.tensor([[1, 2, 0], [3, 0, 0]]), sample_sizes=torch.tensor([2, 1]))
+    text = repr(rb)
+    fields = ["tensor=", "mask=", "sample_sizes=", "non_uniform_dim=", "batch_shape="]
+    positions = [text.index(field) for field in fields]
+    assert positions == sorted(positions)
+    assert text.startswith("RaggedBatch(tensor=tensor(")
+    assert text.endswith("non_uniform_dim=1, batch_shape=torch.Size([2]))")

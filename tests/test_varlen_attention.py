@@ -1,6 +1,8 @@
 """Attention on the packed layout: the dispatch table, the varlen kernels on fake CUDA (which
-kernel, how many launches, no sync, shapes), their backward called directly, and every option
-against a per-sample ``F.scaled_dot_product_attention`` loop on the CPU path."""
+kernel, how many launches, no sync, shapes) for torch.nested's ``(B, H, j, E)`` form and
+:func:`nestbatch.sequence_attention`, a ``(B, j, H, E)`` batch (attention over ``H``) as plain
+attention on the packed values, the varlen backward called directly, and every option against
+a per-sample ``F.scaled_dot_product_attention`` loop on the CPU path."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from gpu_path import count, fake_cuda, trace
 
+import nestbatch
 from nestbatch import NestedBatch
 from nestbatch.ops import varlen_attention as va
 
@@ -41,6 +44,7 @@ _TABLE = [
     ({"key_heads": 2, "enable_gqa": True}, "flash"),
     ({"key_heads": 3, "enable_gqa": True}, "padded"),
     ({"key_heads": 2, "enable_gqa": True, "dtype": torch.float32}, "efficient"),
+    ({"heads_flatten": False}, "padded"),  # heads that do not flatten into one dim
 ]
 
 
@@ -55,6 +59,7 @@ def test_dispatch_rows_are_in_order():
 
 # ------------------------------------------------------------------------------ fake CUDA
 def _batches(dtype, heads=8, key_heads=8, head_dim=64, key_lengths=None, device="cuda"):
+    """Sequences-first ``(B, j, H, E)`` batches (samples ``(L_i, H, E)``, ``ragged_dim`` 1)."""
     total = sum(LENGTHS)
     q = NestedBatch.from_lengths(torch.randn(total, heads, head_dim, device=device, dtype=dtype),
                                  LENGTHS)
@@ -64,6 +69,11 @@ def _batches(dtype, heads=8, key_heads=8, head_dim=64, key_lengths=None, device=
     )
     v = k.with_values(torch.randn_like(k.values))
     return q, k, v
+
+
+def _heads_first(dtype, **options):
+    """torch.nested's ``(B, H, j, E)`` form (``ragged_dim`` 2): what attends over ``j``."""
+    return tuple(x.transpose(1, 2) for x in _batches(dtype, **options))
 
 
 @pytest.mark.parametrize(
@@ -77,49 +87,85 @@ def _batches(dtype, heads=8, key_heads=8, head_dim=64, key_lengths=None, device=
          "aten._efficient_attention_forward.default"),
     ],
 )
-def test_varlen_kernel_on_fake_cuda(dtype, options, kernel):
+@pytest.mark.parametrize("call", ["F.scaled_dot_product_attention (B, H, j, E)",
+                                  "nestbatch.sequence_attention (B, j, H, E)"])
+def test_varlen_kernel_on_fake_cuda(dtype, options, kernel, call):
+    # First call: the offsets' copy to the device and their int32 cast (cached on the
+    # partition); later calls: the kernel alone. No sync, no host-to-device copy.
+    fn, ragged_dim = F.scaled_dot_product_attention, 2
+    if call.startswith("nestbatch"):
+        fn, ragged_dim = nestbatch.sequence_attention, 1
     with fake_cuda():
-        q, k, v = _batches(dtype)
-        out, first = trace(F.scaled_dot_product_attention, q, k, v, **options)
-        second = count(F.scaled_dot_product_attention, q, k, v, **options)
+        q, k, v = _heads_first(dtype) if ragged_dim == 2 else _batches(dtype)
+        out, first = trace(fn, q, k, v, **options)
+        second = count(fn, q, k, v, **options)
     assert first.ops == ["aten._to_copy.default", "aten._to_copy.default", kernel]
+    assert first.syncs == []
     assert second.ops == [kernel] and second.syncs == [] and second.host_to_device == []
     assert out.values.shape == (sum(LENGTHS), 8, 64) and out.values.dtype == dtype
     assert out.values.device.type == "cuda" and out.partition is q.partition
+    assert out.ragged_dim == ragged_dim
 
 
 def test_cross_attention_and_grouped_heads_on_fake_cuda():
     with fake_cuda():
-        q, k, v = _batches(torch.bfloat16, key_heads=2, key_lengths=[4, 1, 6, 2])
+        q, k, v = _heads_first(torch.bfloat16, key_heads=2, key_lengths=[4, 1, 6, 2])
         out, t = trace(F.scaled_dot_product_attention, q, k, v, enable_gqa=True)
         assert t.ops[-1] == "aten._flash_attention_forward.default" and t.syncs == []
         assert out.values.shape == (sum(LENGTHS), 8, 64)
         # fp32 grouped heads: the efficient kernel, key heads repeated for it.
-        q, k, v = _batches(torch.float32, key_heads=2, key_lengths=[4, 1, 6, 2])
+        q, k, v = _heads_first(torch.float32, key_heads=2, key_lengths=[4, 1, 6, 2])
         t = count(F.scaled_dot_product_attention, q, k, v, enable_gqa=True)
         assert t.ops.count("aten.clone.default") == 2  # repeat_interleave of k and v heads
         assert t.ops[-1] == "aten._efficient_attention_forward.default"
 
 
-def test_torch_nested_layout_and_single_head_samples_on_fake_cuda():
+def test_single_head_and_several_heads_dims_on_fake_cuda():
     with fake_cuda():
-        q, k, v = _batches(torch.bfloat16)
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # (B, H, j, E)
-        out, t = trace(F.scaled_dot_product_attention, qt, kt, vt)
-        assert out.ragged_dim == 2 and t.ops[-1] == "aten._flash_attention_forward.default"
+        # (B, j, E): one head, a view (total, 1, E).
         single = NestedBatch.from_lengths(
             torch.randn(sum(LENGTHS), 64, device="cuda", dtype=torch.float16), LENGTHS
         )
-        out = F.scaled_dot_product_attention(single, single, single)
-        assert out.values.shape == (sum(LENGTHS), 64)
+        F.scaled_dot_product_attention(single, single, single)
+        out, t = trace(F.scaled_dot_product_attention, single, single, single)
+        assert t.ops == ["aten._flash_attention_forward.default"] and t.syncs == []
+        assert out.values.shape == (sum(LENGTHS), 64) and out.ragged_dim == 1
+        # (B, X, H, j, E): the heads flattened into one dim (a view), no copy.
+        values = torch.randn(sum(LENGTHS), 2, 4, 64, device="cuda", dtype=torch.bfloat16)
+        x = NestedBatch.from_lengths(values, LENGTHS).permute(0, 2, 3, 1, 4)
+        F.scaled_dot_product_attention(x, x, x)
+        out, t = trace(F.scaled_dot_product_attention, x, x, x)
+        assert t.ops == ["aten._flash_attention_forward.default"] and t.syncs == []
+        assert out.values.shape == (sum(LENGTHS), 2, 4, 64) and out.ragged_dim == 3
+
+
+def test_sequences_first_batch_attends_over_heads_on_fake_cuda():
+    # (B, j, H, E) given to F.scaled_dot_product_attention: H is at dim -2, the ragged dim is a
+    # batch dim. torch's attention on the packed values (total, H, E); no varlen kernel, no
+    # padding, no sync, and the same partition out.
+    with fake_cuda():
+        q, k, v = _batches(torch.float32)
+        k, v = q.with_values(k.values), q.with_values(v.values)
+        out, t = trace(F.scaled_dot_product_attention, q, k, v)
+        expected = count(F.scaled_dot_product_attention, q.values, k.values, v.values)
+    assert t.ops == expected.ops and t.syncs == [] and t.host_to_device == []
+    assert not any("flash" in op or "efficient" in op or "nestbatch" in op for op in t.ops)
+    assert out.partition is q.partition and out.ragged_dim == 1
 
 
 def test_padded_fallback_on_fake_cuda_has_no_sync():
     with fake_cuda():
-        q, k, v = _batches(torch.float64)
+        q, k, v = _heads_first(torch.float64)
         t = count(F.scaled_dot_product_attention, q, k, v)
+        second = count(F.scaled_dot_product_attention, q, k, v)
+        plain = [x.padded().data.movedim(1, -2) for x in (q, k, v)]
+        torch_alone = count(F.scaled_dot_product_attention, *plain,
+                            attn_mask=k.partition.mask()[:, None, None, :])
     assert "nestbatch.packed_to_padded.default" in t.ops and t.syncs == []
     assert not any("flash" in op or "efficient" in op for op in t.ops)
+    # Every key sample non-empty (known on the host): beyond torch's own masked attention,
+    # one negation of the query mask and one masked_fill of the padded queries' rows.
+    assert second.syncs == [] and len(second.ops) == len(torch_alone.ops) + 2
 
 
 @pytest.mark.parametrize("backend, dtype", [("flash", torch.bfloat16),
@@ -143,13 +189,9 @@ def test_varlen_backward_called_directly(backend, dtype):
 
 # ------------------------------------------------------------------------------ CPU numerics
 def _per_sample(q, k, v, **options):
-    outs = []
-    for a, b, c in zip(q.unbind(), k.unbind(), v.unbind()):
-        heads = a.dim() == 3
-        a, b, c = ((t.transpose(0, 1) if heads else t) for t in (a, b, c))
-        out = F.scaled_dot_product_attention(a, b, c, **options)
-        outs.append(out.transpose(0, 1) if heads else out)
-    return outs
+    # Torch on each logical sample (H, L_i, E) alone.
+    return [F.scaled_dot_product_attention(a, b, c, **options)
+            for a, b, c in zip(q.unbind(), k.unbind(), v.unbind())]
 
 
 @pytest.mark.parametrize(
@@ -166,17 +208,18 @@ def _per_sample(q, k, v, **options):
 )
 def test_every_option_matches_per_sample_attention(options, key_lengths, key_heads):
     torch.manual_seed(0)
-    q, k, v = _batches(torch.float64, heads=4, key_heads=key_heads, head_dim=8,
-                       key_lengths=key_lengths, device="cpu")
+    q, k, v = _heads_first(torch.float64, heads=4, key_heads=key_heads, head_dim=8,
+                           key_lengths=key_lengths, device="cpu")
     out = F.scaled_dot_product_attention(q, k, v, **options)
+    assert out.ragged_dim == 2
     for got, expected in zip(out.unbind(), _per_sample(q, k, v, **options)):
         torch.testing.assert_close(got, expected)
 
 
 def test_gradcheck_on_the_cpu_path():
     torch.manual_seed(1)
-    q, k, v = _batches(torch.float64, heads=2, key_heads=1, head_dim=4,
-                       key_lengths=[2, 3, 1, 2], device="cpu")
+    q, k, v = _heads_first(torch.float64, heads=2, key_heads=1, head_dim=4,
+                           key_lengths=[2, 3, 1, 2], device="cpu")
     tensors = [x.values.detach().requires_grad_() for x in (q, k, v)]
 
     def attend(qv, kv, vv):

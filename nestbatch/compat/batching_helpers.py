@@ -45,6 +45,7 @@ from nestbatch.checks import (
     check_non_uniform_dim,
     check_same_device,
     check_same_dtype,
+    check_same_ndim,
     check_tensor,
     check_type,
     check_valid_slots,
@@ -512,8 +513,8 @@ def batched_indexing_write(
     output_indices : RaggedBatch
         ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
     to_write_into : Tensor or RaggedBatch
-        Data written into (not modified); same dtype and, except along
-        ``dim_to_index_in``, same shape as ``to_write``.
+        Data written into (not modified); same dtype, number of dims and, except along
+        ``dim_to_index_in``, shape as ``to_write``.
     dim_to_index_in : int, optional
         Indexed dim of both data arguments; defaults to
         ``output_indices.non_uniform_dim``.
@@ -531,6 +532,8 @@ def batched_indexing_write(
     check_type(to_write_into, "to_write_into", Tensor, RaggedBatch)
     check_same_device(indices, "output_indices", to_write=to_write, to_write_into=to_write_into)
     check_same_dtype("to_write", to_write, "to_write_into", to_write_into)
+    if len(to_write.shape) != len(to_write_into.shape):
+        check_same_ndim("to_write", to_write, "to_write_into", to_write_into)
     dim = indices.non_uniform_dim if dim_to_index_in is None else dim_to_index_in
     values = _operand(to_write, "to_write", indices.batch_shape, dim, "dim_to_index_in")
     into = _operand(to_write_into, "to_write_into", indices.batch_shape, dim, "dim_to_index_in")
@@ -626,9 +629,10 @@ def batched_index_mapping(
     source_indices : RaggedBatch
         ``int32``/``int64`` ``(*batch_shape, max_num_matches)``.
     target_indices : RaggedBatch
-        ``int32``/``int64`` ``(*batch_shape, max_num_matches)``.
+        ``(*batch_shape, max_num_matches)``, same dtype as ``source_indices``
+        (``TypeError`` otherwise, a ``RuntimeError`` too, as in the reference).
     target_data : Tensor or RaggedBatch
-        ``(*batch_shape, num_entries_output, ...)``; same dtype as
+        ``(*batch_shape, num_entries_output, ...)``; same dtype and number of dims as
         ``source_data`` and same shape outside the indexed dim.
     check_bounds : bool, keyword-only
         Range-check the indices (default; on a device one sync, see the module notes).
@@ -641,6 +645,9 @@ def batched_index_mapping(
     """
     src_idx = check_index_batch(source_indices, "source_indices", RaggedBatch)
     tgt_idx = check_index_batch(target_indices, "target_indices", RaggedBatch)
+    if src_idx.dtype != tgt_idx.dtype:  # (checked inline: no frame when they agree)
+        # The reference's kernel reads both with one index type, so it refuses a mix.
+        check_same_dtype("source_indices", src_idx, "target_indices", tgt_idx)
     if tuple(src_idx.batch_shape) != tuple(tgt_idx.batch_shape):
         raise ValueError(
             f"source_indices batch shape {tuple(src_idx.batch_shape)} does not match "
@@ -651,6 +658,8 @@ def batched_index_mapping(
     check_same_device(tgt_idx, "target_indices", source_indices=src_idx,
                       source_data=source_data, target_data=target_data)
     check_same_dtype("source_data", source_data, "target_data", target_data)
+    if len(source_data.shape) != len(target_data.shape):
+        check_same_ndim("source_data", source_data, "target_data", target_data)
     batch_shape = tgt_idx.batch_shape
     source = _operand(source_data, "source_data", batch_shape, None, "non_uniform_dim")
     target = _operand(target_data, "target_data", batch_shape, None, "non_uniform_dim")
@@ -854,7 +863,8 @@ def batched_bool_indexing_write(
     output_mask : Tensor or RaggedBatch
         Bool ``(*batch_shape, max_sample_size)``.
     to_write_into : Tensor or RaggedBatch
-        Target, written along its non-uniform dim (dim 1 for a tensor).
+        Target, written along its non-uniform dim (dim 1 for a tensor); same dtype and
+        number of dims as ``to_write``.
 
     Returns
     -------
@@ -865,6 +875,8 @@ def batched_bool_indexing_write(
         to_write_into, "to_write_into", output_mask, "output_mask"
     )
     values = _operand(to_write, "to_write", batch_shape, None, "non_uniform_dim")
+    if len(to_write.shape) != len(to_write_into.shape):
+        check_same_ndim("to_write", to_write, "to_write_into", to_write_into)
     check_same_device(to_write_into, "to_write_into", to_write=to_write)
     check_same_dtype("to_write", to_write, "to_write_into", to_write_into)
     _check_rest("to_write", values, "to_write_into", into)
@@ -988,12 +1000,20 @@ def combine_data(
     -------
     RaggedBatch
         ``(*batch_shape, max_size, *sample_shape[1:])`` with the non-uniform
-        dim right after the batch dims. With no samples at all, an empty batch
-        with scalar data (``Empty``) is returned, since the sample shape is
-        unknown.
+        dim right after the batch dims. Nested sequences holding no sample at all
+        (e.g. ``[[]]``) give an empty batch with scalar data (``Empty``), since the
+        sample shape is unknown.
+
+    Raises
+    ------
+    ValueError
+        If ``data_list`` is empty (an ``AssertionError`` too, as the reference raises).
     """
     if isinstance(data_list, Tensor) or not isinstance(data_list, Sequence):
         raise TypeError(f"data_list must be a sequence of tensors, got {type(data_list).__name__}")
+    if len(data_list) == 0:
+        # The reference asserts this; nested empties such as [[]] still give an empty batch.
+        raise ValueError("data_list must not be empty (it holds the samples to combine)")
     leaves, batch_shape = _collect(data_list, "data_list", uniform=not flatten_batch_dims)
     if flatten_batch_dims:
         batch_shape = (len(leaves),)

@@ -123,6 +123,11 @@ def list_to_packed(tensor_list: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         ``(sum numel_i, last_dim)``, every sub-tensor flattened row-major (one copy).
     shape_per_tensor : Tensor
         ``(B, ndim - 1)`` int64.
+
+    Raises
+    ------
+    ValueError
+        If the tensors differ in number of dims or in last dim (kaolin's messages).
     """
     batch = _batch_from_list(tensor_list)
     return batch.values, batch.shape_per_sample
@@ -267,7 +272,24 @@ def _batch_from_list(tensor_list: Sequence[Tensor]) -> NestedBatch:
             f"every tensor needs at least 2 dims (*shape, last_dim), got {ndim} at index 0"
         )
     get_shape_per_tensor(tensor_list)  # same checks and messages as kaolin
-    return NestedBatch.from_list(tensor_list, num_ragged_dims=ndim - 1)
+    try:
+        return NestedBatch.from_list(tensor_list, num_ragged_dims=ndim - 1)
+    except ValueError:
+        # Found as kaolin finds it, once the concatenation has failed (no loop when it works).
+        _check_last_dims(tensor_list)
+        raise
+
+
+def _check_last_dims(tensor_list: Sequence[Tensor]) -> None:
+    """Raise kaolin's ``ValueError`` for the first tensor whose last dim differs from the
+    first tensor's."""
+    last_dim = tensor_list[0].shape[-1]
+    for i, t in enumerate(tensor_list):
+        if t.shape[-1] != last_dim:
+            raise ValueError(
+                f"Expected all tensor to have last dimension {last_dim} "
+                f"but got {t.shape[-1]} at index {i}"
+            )
 
 
 def _batch_from_packed(

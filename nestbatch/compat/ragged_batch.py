@@ -621,21 +621,35 @@ class RaggedBatch:
 
     @staticmethod
     def broadcast_batch_dims(data: Sequence[RaggedBatch]) -> Sequence[RaggedBatch]:
-        """Broadcast several instances to their common batch shape (see
-        :meth:`broadcast_batch_dims_to_shape`)."""
+        """Broadcast several instances to their common batch shape by tiling samples.
+
+        As in the reference, all instances must have the same number of batch dims (none is
+        added), and every batch dim is repeated to the largest size of that dim, which must
+        be a multiple of it: ``(2, 3)``, ``(4, 3)`` and ``(2, 6)`` become ``(4, 6)``; ``(2,)``
+        and ``(3,)`` raise. A dim of size 0 in any instance makes that dim 0 in all.
+
+        Parameters
+        ----------
+        data : sequence of RaggedBatch
+            Instances with the same number of batch dims.
+
+        Returns
+        -------
+        list of RaggedBatch
+            The instances with the common batch shape (see
+            :meth:`broadcast_batch_dims_to_shape`).
+        """
         data = list(data)
         if not data:
             return []
-        ndim = max(d.num_batch_dims for d in data)
-        shape = []
-        for pos in range(ndim):
-            sizes = [
-                d.batch_shape[pos - ndim + d.num_batch_dims]
-                for d in data
-                if pos - ndim + d.num_batch_dims >= 0
-            ]
-            shape.append(max(sizes) if 0 not in sizes else 0)
-        return [d.broadcast_batch_dims_to_shape(shape) for d in data]
+        shapes = [tuple(d.batch_shape) for d in data]
+        if len({len(shape) for shape in shapes}) > 1:
+            raise ValueError(
+                f"cannot broadcast batch shapes {shapes}: the number of batch dims differs "
+                "(batch dims are repeated, never added)"
+            )
+        common = [0 if 0 in sizes else max(sizes) for sizes in zip(*shapes)]
+        return [d.broadcast_batch_dims_to_shape(common) for d in data]
 
     # ------------------------------------------------------------------ conversions
 
@@ -773,12 +787,14 @@ class RaggedBatch:
         return self._tensor.dim()
 
     def __repr__(self) -> str:
-        # As the reference prints it: the data tensor itself (torch's repr, which summarizes
-        # large tensors), then the sizes and dims. Printing reads device memory, as any tensor's.
+        # The reference's fields in its order: the data tensor itself (torch's repr, which
+        # summarizes large tensors), mask, sizes and dims. A mask or sizes not yet derived is
+        # derived here (one small op, no sync); printing then reads device memory, as printing
+        # any tensor does.
         return (
-            f"RaggedBatch(tensor={self._tensor}, sample_sizes={self.sample_sizes}, "
-            f"non_uniform_dim={self._non_uniform_dim}, num_batch_dims={self._num_batch_dims}, "
-            f"batch_shape={tuple(self.batch_shape)})"
+            f"RaggedBatch(tensor={self._tensor}, mask={self.mask}, "
+            f"sample_sizes={self.sample_sizes}, non_uniform_dim={self._non_uniform_dim}, "
+            f"batch_shape={self.batch_shape})"
         )
 
     # Last in the body: these names shadow the builtins for the class body after them.

@@ -46,7 +46,7 @@ def to_padded(
         for an integer dtype, ``1e10`` for ``float16``), naming it, the dtype and the value.
     """
     if not (type(padding_value) is float and padding_value == 0.0):  # 0 fits every dtype
-        check_filler(padding_value, layout.dtype)
+        padding_value = check_filler(padding_value, layout.dtype)
     if type(layout) is Packed and padding_side == "right":
         return packed_to_padded(layout, padding_value, max_shape)  # the common case, first
     if padding_side != "right":  # (right padding suits every batch)

@@ -11,6 +11,10 @@ from nestbatch.layouts.base import Layout, RaggedLayout
 from nestbatch.layouts.packed import Packed
 from nestbatch.layouts.padded import Padded
 from nestbatch.layouts.partition import RowPartition
+from nestbatch.layouts.sizes import NestedSize, RaggedSize
 from nestbatch.layouts.tensor_list import TensorList
 
-__all__ = ["Layout", "Packed", "Padded", "RaggedLayout", "RowPartition", "TensorList"]
+__all__ = [
+    "Layout", "NestedSize", "Packed", "Padded", "RaggedLayout", "RaggedSize", "RowPartition",
+    "TensorList",
+]

@@ -9,6 +9,7 @@ A new module of ops is listed below.
 
 from nestbatch.ops import (  # noqa: F401  (imported for their registrations)
     attention,
+    autograd,
     comparison,
     elementwise,
     interop,

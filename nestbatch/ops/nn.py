@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from nestbatch.batch import moved_ragged_error, storage_dim
+from nestbatch.batch import NestedBatch, moved_ragged_error, storage_dim
 from nestbatch.layouts import Layout
 from nestbatch.ops.common import dim_kind, normalize_dim, replace_storage
 from nestbatch.ops.registry import register
+from nestbatch.ops.segment import segment_reduce
 
 _ACTIVATIONS = (
     "relu", "relu6", "elu", "selu", "celu", "leaky_relu", "gelu", "silu", "mish", "softplus",
@@ -82,20 +85,59 @@ def _linear(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 @register(F.layer_norm, F.rms_norm, layouts=(Layout.PACKED,), moved_ragged=True)
 def _norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``F.layer_norm`` / ``F.rms_norm`` over trailing feature dims (never the ragged ones)."""
+    """``F.layer_norm`` / ``F.rms_norm`` over trailing feature dims, or over whole samples
+    (``normalized_shape=b.shape[1:]``, the ragged dims included, as torch.nested's)."""
     batch = args[0]
     shape = args[1] if len(args) > 1 else kwargs["normalized_shape"]
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if len(shape) > len(batch.feature_shape):
+    if len(shape) >= batch.dim():
         raise ValueError(
-            f"normalized_shape={shape} extends into the ragged dims of a batch with feature "
-            f"shape {tuple(batch.feature_shape)}; normalize over feature dims only"
+            f"{func.__name__}: normalized_shape={shape} covers the batch dim of a batch of "
+            f"shape {batch.shape}; a sample is normalized at most over all its dims"
         )
+    if len(shape) > len(batch.feature_shape):
+        return _norm_samples(batch, func, shape, *args[2:], **kwargs)
     if any(dim_kind(batch, batch.dim() - 1 - i) != "feature" for i in range(len(shape))):
         raise moved_ragged_error(
             batch, func.__name__, f"normalized_shape={shape} covers the ragged dim"
         )
     return batch.with_values(func(batch.values, *args[1:], **kwargs))
+
+
+def _norm_samples(batch: NestedBatch, func: Any, shape: tuple, weight: Tensor | None = None,
+                  bias: Tensor | None = None, eps: float | None = None, **kwargs: Any) -> Any:
+    """Normalize every sample over all its elements (layer norm: centered, biased variance).
+
+    On the packed rows: two segment sums and a gather of the per-sample statistics by row
+    (the row ids need the total number of rows, read once if only the device knows it).
+    """
+    kwargs.pop("normalized_shape", None)
+    weight, bias = kwargs.pop("weight", weight), kwargs.pop("bias", bias)
+    eps = kwargs.pop("eps", eps)
+    if shape != tuple(batch.shape[1:]) or batch.ragged_dim != 1:
+        raise ValueError(
+            f"{func.__name__}: normalized_shape={shape} must be the feature dims or all the "
+            f"dims of a sample (batch.shape[1:] = {batch.shape[1:]}, with this batch's own "
+            "ragged sizes)"
+        )
+    if weight is not None or (func is F.layer_norm and bias is not None):
+        raise ValueError(
+            f"{func.__name__} over the ragged dim takes no weight or bias (their shape would "
+            "be the ragged size); apply them to the result"
+        )
+    if eps is None:
+        eps = 1e-5 if func is F.layer_norm else torch.finfo(batch.dtype).eps
+    values = batch.values
+    rows = values.reshape(values.shape[0], -1)
+    wide = rows.float() if rows.dtype in (torch.float16, torch.bfloat16) else rows
+    count = (batch.lengths * rows.shape[1]).to(wide.dtype)
+    row_ids = batch.row_ids
+    if func is F.layer_norm:
+        mean = segment_reduce(wide.sum(-1), batch, "sum") / count
+        wide = wide - mean[row_ids, None]
+    variance = segment_reduce(wide.square().sum(-1), batch, "sum") / count
+    out = wide * torch.rsqrt(variance + eps)[row_ids, None]
+    return batch.with_values(out.to(values.dtype).reshape(values.shape))
 
 
 @register(F.embedding, layouts=(Layout.PACKED,), moved_ragged=True)

@@ -51,12 +51,7 @@ def _split_dims(
     batch: NestedBatch, dims: tuple[int, ...], name: str
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The ragged dims that reduce, and the feature dims (as dims of the packed values)."""
-    k = batch.num_ragged_dims
-    if 0 in dims:
-        raise ValueError(
-            f"{name} over dim 0 (the batch) is not supported on a NestedBatch: samples differ in "
-            "size; reduce .values (all packed rows) or each sample instead"
-        )
+    k = batch.num_ragged_dims  # (dim 0 is handled by _across_samples)
     ragged = tuple(d for d in dims if dim_kind(batch, d) == "ragged")
     one_level = len(ragged) == 1 and batch.partition.ragged_rank > 1  # (see ops.levels)
     if ragged and len(ragged) != k and not one_level:
@@ -184,6 +179,8 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
             raise ValueError(f"{name} over every dim of a NestedBatch has no index; give dim")
         values = batch.packed().values
         return func(values, **extra) if name != "logsumexp" else func(values.flatten(), 0)
+    if 0 in dims:
+        return _across_samples(batch, func, name, dims, keepdim, extra)
     ragged, features = _split_dims(batch, dims, name)
     if not ragged:
         out = _feature_reduce(func, batch.packed().values, features, keepdim, extra)
@@ -229,6 +226,26 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
         if k == 1:
             return out.unsqueeze(batch.ragged_dim)  # the ragged dim's logical position
         out = out.view(out.shape[0], *([1] * k), *out.shape[1:])
+    return out
+
+
+def _across_samples(batch: NestedBatch, func: Any, name: str, dims: tuple[int, ...],
+                    keepdim: bool, extra: dict) -> Tensor:
+    """Reduce over the batch dim, which takes every ragged dim with it (torch.nested's rule):
+    one reduction of all packed rows, a dense result."""
+    ragged = tuple(d for d in range(1, batch.dim()) if dim_kind(batch, d) == "ragged")
+    if not set(ragged) <= set(dims):
+        raise ValueError(
+            f"{name} over dim 0 (the batch) is not supported on a NestedBatch without its "
+            f"ragged dim(s) {list(ragged)}: samples differ in size; reduce them too "
+            f"(dim={(0, *ragged)}), or reduce .values (all packed rows)"
+        )
+    features = tuple(values_dim(batch, d) for d in dims if d != 0 and d not in ragged)
+    out = _feature_reduce(func, batch.packed().values, (0, *features), keepdim, extra)
+    if keepdim:  # the packed rows' dim stands for the batch and the ragged dims
+        if batch.num_ragged_dims == 1:
+            return out.unsqueeze(batch.ragged_dim)
+        return out.view(1, *([1] * batch.num_ragged_dims), *out.shape[1:])
     return out
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from nestbatch.batch import NestedBatch, plug_dispatcher
+from nestbatch.errors import converted
 from nestbatch.layouts import Layout
 from nestbatch.tensor_methods import tensor_method, tensor_property
 
@@ -190,39 +191,46 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
     TypeError
         For a function with no entry, naming it and the way to a plain tensor; for an entry that
         does not handle a moved ragged dim given a batch with one.
+    ValueError, TypeError, IndexError
+        Whatever the implementation raises, as the ``nestbatch.errors.Nested*`` class of its
+        kind: also a ``RuntimeError``, which is what torch and torch.nested raise.
     """
-    if type(func) is FunctionType and torch.compiler.is_compiling() and args \
-            and type(args[0]) is not NestedBatch:
-        for reflected, forward in _REFLECTED_DUNDERS:  # (see there)
-            if func is reflected:
-                return dispatch(forward, types, (args[1], args[0], *args[2:]), kwargs)
-    entry = _REGISTRY.get(func)
-    if entry is None:
-        raise TypeError(
-            f"{_display_name(func)} is not supported on a NestedBatch; get a plain tensor with "
-            ".padded().data (and .mask) or .values (the packed rows), or register an "
-            "implementation with nestbatch.ops.registry.register"
-        )
-    if entry.fast is not None:
-        out = entry.fast(func, args, kwargs)
-        if out is not NotImplemented:
-            return out
-    batches = nested_arguments(args, kwargs)
-    for batch in batches:  # (a loop, no generator frames: this runs on every call)
-        if not entry.nested and batch.partition.ragged_rank > 1:
+    try:  # (no cost unless something raises)
+        if type(func) is FunctionType and torch.compiler.is_compiling() and args \
+                and type(args[0]) is not NestedBatch:
+            for reflected, forward in _REFLECTED_DUNDERS:  # (see there)
+                if func is reflected:
+                    return dispatch(forward, types, (args[1], args[0], *args[2:]), kwargs)
+        entry = _REGISTRY.get(func)
+        if entry is None:
             raise TypeError(
-                f"{_display_name(func)} is not supported on a NestedBatch of ragged rank "
-                f"{batch.partition.ragged_rank} (nested raggedness); apply it to every level's "
-                "batch (.values, unbind()) or to the padded data (.padded().data with .mask)"
+                f"{_display_name(func)} is not supported on a NestedBatch; get a plain tensor "
+                "with .padded().data (and .mask) or .values (the packed rows), or register an "
+                "implementation with nestbatch.ops.registry.register"
             )
-        if not entry.moved_ragged and batch.ragged_dim != 1:
-            raise TypeError(
-                f"{_display_name(func)} is not supported on a NestedBatch whose ragged dim is at "
-                f"logical dim {batch.ragged_dim}; transpose the ragged dim back to dim 1 first "
-                f"(e.g. x.transpose(1, {batch.ragged_dim}))"
-            )
-    layout = choose_layout(entry, batches)
-    return entry.impl(layout, func, args, kwargs)
+        if entry.fast is not None:
+            out = entry.fast(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        batches = nested_arguments(args, kwargs)
+        for batch in batches:  # (a loop, no generator frames: this runs on every call)
+            if not entry.nested and batch.partition.ragged_rank > 1:
+                raise TypeError(
+                    f"{_display_name(func)} is not supported on a NestedBatch of ragged rank "
+                    f"{batch.partition.ragged_rank} (nested raggedness); apply it to every "
+                    "level's batch (.values, unbind()) or to the padded data (.padded().data "
+                    "with .mask)"
+                )
+            if not entry.moved_ragged and batch.ragged_dim != 1:
+                raise TypeError(
+                    f"{_display_name(func)} is not supported on a NestedBatch whose ragged dim "
+                    f"is at logical dim {batch.ragged_dim}; transpose the ragged dim back to dim 1 "
+                    f"first (e.g. x.transpose(1, {batch.ragged_dim}))"
+                )
+        layout = choose_layout(entry, batches)
+        return entry.impl(layout, func, args, kwargs)
+    except (ValueError, TypeError, IndexError) as error:
+        raise converted(error) from error.__cause__
 
 
 plug_dispatcher(dispatch)

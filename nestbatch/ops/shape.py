@@ -28,6 +28,7 @@ from torch import Tensor
 
 from nestbatch.batch import NestedBatch, moved_ragged_error, sample_of, storage_dim
 from nestbatch.layouts import Layout, RowPartition
+from nestbatch.layouts.sizes import RaggedSize
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
@@ -46,6 +47,22 @@ def _shape_arg(args: tuple, kwargs: dict) -> tuple[int, ...]:
     if len(args) > 1:
         return tuple(args[1:])
     return tuple(kwargs.get("shape", kwargs.get("size", ())))
+
+
+def _ragged_kept(batch: NestedBatch, shape: tuple) -> tuple[int, ...]:
+    """``shape`` with this batch's own ragged sizes (``view(*b.size()[:2], H, D)``, as with
+    torch.nested) read as -1: the ragged dim keeps its sizes."""
+    if not any(isinstance(size, RaggedSize) for size in shape):
+        return shape
+    own = batch.shape
+    for d, size in enumerate(shape):
+        if isinstance(size, RaggedSize) and (d >= len(own) or size != own[d]):
+            raise ValueError(
+                f"shape {shape}: the ragged size at dim {d} is not this batch's own (another "
+                f"batch's, with other or unknown per-sample sizes; this batch's shape is {own}): "
+                "a reshape keeps the ragged sizes where they are"
+            )
+    return tuple(-1 if isinstance(size, RaggedSize) else size for size in shape)
 
 
 def new_feature_shape(batch: NestedBatch, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -150,7 +167,7 @@ def _reshape(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     if func is torch.Tensor.view and len(args) == 2 and isinstance(args[1], torch.dtype):
         return _view_dtype(batch, args[1])
-    shape = _shape_arg(args, kwargs)
+    shape = _ragged_kept(batch, _shape_arg(args, kwargs))
     shaper = new_feature_shape if batch.ragged_dim == 1 else moved_feature_shape
     feature = shaper(batch, shape)
     values = batch.values
@@ -266,7 +283,7 @@ def permute(batch: NestedBatch, dims: tuple[int, ...], what: str) -> NestedBatch
     features = [values_dim(batch, d) for d in dims[1:] if dim_kind(batch, d) == "feature"]
     ragged_dim = next(p for p, d in enumerate(dims) if dim_kind(batch, d) == "ragged")
     values = batch.values
-    if features != sorted(features):
+    if any(a > b for a, b in zip(features, features[1:])):  # (sorted() breaks a traced graph)
         values = values.permute(0, *features)
     return batch.with_values(values, ragged_dim if k == 1 else 1)
 
@@ -376,3 +393,76 @@ def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         raise ValueError(f"flatten({start}, {end}): only feature dims can be flattened")
     flat = values.flatten(values_dim(batch, start), values_dim(batch, end))
     return batch.with_values(flat, rd - (end - start) if end < rd else rd)
+
+
+def _feature_dim_arg(batch: NestedBatch, dim: int, what: str) -> int:
+    """The packed values' dim of logical feature ``dim``; ``ValueError`` for the batch or a
+    ragged dim (their sizes differ per sample, or they are the samples)."""
+    dim = normalize_dim(batch, dim)
+    kind, stored = storage_dim(batch, dim)
+    if kind != "feature":
+        why = "the samples" if kind == "batch" else "its sizes differ per sample"
+        raise ValueError(
+            f"{what} along dim {dim} of a NestedBatch: only feature dims are supported (dim "
+            f"{dim} is the {kind} dim: {why})"
+        )
+    return stored
+
+
+@register(*torch_funcs("unflatten"), layouts=(Layout.PACKED,), moved_ragged=True)
+def _unflatten(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``unflatten(dim, sizes)`` of a feature dim (``q.unflatten(-1, (H, E))``, torch.nested's
+    head split); dims added before a moved ragged dim move it up."""
+    batch = args[0]
+    dim = args[1] if len(args) > 1 else kwargs["dim"]
+    sizes = tuple(args[2] if len(args) > 2 else kwargs["sizes"])
+    logical = normalize_dim(batch, dim)
+    stored = _feature_dim_arg(batch, logical, "unflatten")
+    moved = batch.ragged_dim + (len(sizes) - 1 if logical < batch.ragged_dim else 0)
+    return batch.with_values(batch.values.unflatten(stored, sizes), moved)
+
+
+@register(*torch_funcs("chunk", "split", "tensor_split"), layouts=(Layout.PACKED,),
+          moved_ragged=True)
+def _split_features(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``chunk`` / ``split`` / ``tensor_split`` along a feature dim: batches of the same
+    partition over views of the packed values (``qkv.chunk(3, dim=-1)``)."""
+    batch, how = args[0], args[1] if len(args) > 1 else next(
+        kwargs.pop(name) for name in ("chunks", "split_size_or_sections", "split_size",
+                                      "indices_or_sections", "sections", "indices")
+        if name in kwargs)
+    dim = args[2] if len(args) > 2 else kwargs.pop("dim", 0)
+    stored = _feature_dim_arg(batch, dim, func.__name__)
+    method = getattr(torch.Tensor, func.__name__)
+    return tuple(batch.with_values(part) for part in method(batch.values, how, stored))
+
+
+@register(*torch_funcs("narrow"), layouts=(Layout.PACKED,), moved_ragged=True)
+def _narrow(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``narrow`` of a feature dim (a view); of the ragged dim, ``b[:, start:start + length]``
+    in every sample (as torch.nested's narrow of its ragged dim)."""
+    batch = args[0]
+    dim = normalize_dim(batch, args[1] if len(args) > 1 else kwargs["dim"])
+    start = int(args[2] if len(args) > 2 else kwargs["start"])
+    length = int(args[3] if len(args) > 3 else kwargs["length"])
+    if dim_kind(batch, dim) == "ragged" and batch.num_ragged_dims == 1:
+        index = [slice(None)] * (dim + 1)
+        index[dim] = slice(start, start + length)
+        return batch[tuple(index)]
+    stored = _feature_dim_arg(batch, dim, "narrow")
+    return batch.with_values(batch.values.narrow(stored, start, length))
+
+
+@register(*torch_funcs("numel", "element_size", "is_contiguous"),
+          layouts=(Layout.PACKED, Layout.PADDED, Layout.LIST), moved_ragged=True, nested=True)
+def _storage_facts(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``numel()`` (the samples' elements: padding not counted; reads the total from the device
+    once when only the device has it), ``element_size()``, ``is_contiguous()`` (of the stored
+    tensors)."""
+    batch = args[0]
+    name = func.__name__
+    if name == "numel":
+        return batch.partition.total * math.prod(batch.feature_shape)
+    if name == "element_size":
+        return batch.dtype.itemsize
+    return all(t.is_contiguous(*args[1:], **kwargs) for t in batch.stored())

@@ -300,3 +300,12 @@ def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
         source = batch.offsets[partition.row_ids] + partition.positions % old_lengths
         return NestedBatch(Packed(values.index_select(0, source), partition=partition), rd)
     return batch.with_values(values, rd)
+
+
+@register(torch.nested.to_padded_tensor, layouts=tuple(Layout), moved_ragged=True, nested=True)
+def _to_padded_tensor(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor:
+    """``torch.nested.to_padded_tensor(batch, padding, output_size)``: the batch's method."""
+    if kwargs.get("out") is not None:
+        raise TypeError("torch.nested.to_padded_tensor(out=...) is not supported on a batch")
+    kwargs.pop("out", None)
+    return args[0].to_padded_tensor(*args[1:], **kwargs)

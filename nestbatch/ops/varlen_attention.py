@@ -1,11 +1,14 @@
-r"""Attention on the packed rows through PyTorch's variable-length kernels (CUDA).
+r"""Attention over the ragged dim on the packed rows through PyTorch's variable-length kernels.
 
+For batches whose ragged dim is at dim -2 (``(B, j, E)``, torch.nested's ``(B, *heads, j, E)``),
 ``aten._flash_attention_forward`` / ``_backward`` and ``aten._efficient_attention_forward`` /
-``_backward`` take packed ``(total, H, E)`` queries, keys and values with cumulative sequence
-offsets (``cu_seqlens``, int32) and the longest lengths (host ints): they run on the packed
-layout as stored, with no padding and no host sync. :func:`choose_backend` picks the kernel on
-the host, from dtypes, shapes and host-known sizes alone, by the table :data:`DISPATCH` (walked
-in order, the first row whose conditions all hold wins):
+``_backward`` take the packed ``(total, H, E)`` queries, keys and values (a batch stores its
+samples ``(L_i, *heads, E)``, so its packed values are exactly that, heads flattened into one
+dim) with cumulative sequence offsets (``cu_seqlens``, int32) and the longest lengths (host
+ints): they run on the packed layout as stored, with no padding and no host sync, as
+torch.nested runs them. :func:`choose_backend` picks the kernel on the host, from dtypes,
+shapes and host-known sizes alone, by the table :data:`DISPATCH` (walked in order, the first
+row whose conditions all hold wins):
 
 ================  =====================================================================
 backend           conditions
@@ -14,7 +17,9 @@ backend           conditions
                   or a sample with no key (the padded path gives its queries zeros); or
                   the longest query length and the totals not known on the host, or
                   2\ :sup:`31` rows or more; or query/key heads differ without
-                  ``enable_gqa`` (torch's own error)
+                  ``enable_gqa`` (torch's own error); or heads that do not flatten into
+                  one dim (key and value heads differ, or query and key heads differ
+                  over several heads dims)
 ``flash``         float16 / bfloat16; head dims equal, a multiple of 8, at most 256; and
                   with ``is_causal``, queries and keys of one structure (flash aligns the
                   causal mask at the bottom right where lengths differ, torch at the top left)
@@ -29,6 +34,7 @@ The backward runs the matching varlen backward kernel (:func:`varlen_backward`, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +67,7 @@ class Request:
     keys_known_nonempty: bool
     sizes_on_host: bool
     enable_gqa: bool
+    heads_flatten: bool = True
 
 
 def _head_dims_fit(r: Request) -> bool:
@@ -72,7 +79,7 @@ def _padded_first(r: Request) -> bool:
         r.enable_gqa and r.query_heads % r.key_heads == 0
     )
     return (r.device_type != "cuda" or r.has_mask or not r.keys_known_nonempty
-            or not r.sizes_on_host or heads_mismatch)
+            or not r.sizes_on_host or heads_mismatch or not r.heads_flatten)
 
 
 def _flash(r: Request) -> bool:
@@ -100,8 +107,12 @@ def choose_backend(request: Request) -> str:
 
 def request_for(q: NestedBatch, k: NestedBatch, v: NestedBatch, has_mask: bool,
                 is_causal: bool, enable_gqa: bool) -> Request:
-    """The :class:`Request` of an attention call on batches of ``(L, E)`` / ``(L, H, E)``."""
-    heads = lambda x: x.feature_shape[0] if len(x.feature_shape) == 2 else 1  # noqa: E731
+    """The :class:`Request` of attention over the ragged dim of ``(B, *heads, j, E)`` batches
+    (stored samples ``(L_i, *heads, E)``)."""
+    qh, kh, vh = (tuple(x.feature_shape[:-1]) for x in (q, k, v))
+    # The kernels take one heads dim: several are flattened (a view), which keeps torch's
+    # pairing of query and key heads only where they are equal (or one dim each, for GQA).
+    flatten = kh == vh and (qh == kh or len(qh) == len(kh) == 1)
     keys, queries = k.partition, q.partition
     known = keys.knows_host_shapes and keys.host_has_empty is False
     # The kernels take the longest lengths as host ints and int32 offsets.
@@ -109,9 +120,10 @@ def request_for(q: NestedBatch, k: NestedBatch, v: NestedBatch, has_mask: bool,
                and max(queries.total, keys.total) < 2**31)
     return Request(
         device_type=q.device.type, dtype=q.dtype, head_dim=q.feature_shape[-1],
-        value_head_dim=v.feature_shape[-1], query_heads=heads(q), key_heads=heads(k),
-        has_mask=has_mask, is_causal=is_causal, same_structure=_same_lengths(queries, keys),
-        keys_known_nonempty=known, sizes_on_host=on_host, enable_gqa=enable_gqa,
+        value_head_dim=v.feature_shape[-1], query_heads=math.prod(qh),
+        key_heads=math.prod(kh), has_mask=has_mask, is_causal=is_causal,
+        same_structure=_same_lengths(queries, keys), keys_known_nonempty=known,
+        sizes_on_host=on_host, enable_gqa=enable_gqa, heads_flatten=flatten,
     )
 
 
@@ -193,12 +205,18 @@ class VarlenAttention(torch.autograd.Function):
 
 def varlen_attention(backend: str, q: NestedBatch, k: NestedBatch, v: NestedBatch,
                      dropout_p: float, is_causal: bool, scale: float | None) -> NestedBatch:
-    """``F.scaled_dot_product_attention`` of batches of ``(L, E)`` / ``(L, H, E)`` samples on
-    their packed rows with ``backend`` (``"flash"`` or ``"efficient"``).
+    """``F.scaled_dot_product_attention`` over the ragged dim of ``(B, *heads, j, E)`` batches
+    (ragged dim at dim -2; stored samples ``(L_i, *heads, E)``) on their packed rows with
+    ``backend`` (``"flash"`` or ``"efficient"``, from :func:`choose_backend`).
 
     The longest lengths come from the host-known sizes, the int32 offsets are cached on the
     partitions: besides the attention kernel, a call launches only what the first use of a
     batch needs (the offsets' copy to the device and their int32 cast).
+
+    Returns
+    -------
+    NestedBatch
+        ``(B, *heads, j_q, E_v)``: the query's form (ragged dim at dim -2) and partition.
     """
     qv, kv, vv = (_heads_view(x.values) for x in (q, k, v))
     if backend == "efficient" and qv.shape[1] != kv.shape[1]:
@@ -208,15 +226,15 @@ def varlen_attention(backend: str, q: NestedBatch, k: NestedBatch, v: NestedBatc
     plan = Plan(backend, q.partition.max_shape[0], k.partition.max_shape[0], float(dropout_p),
                 bool(is_causal), scale)
     cu_q, cu_k = q.partition.offsets32, k.partition.offsets32  # (int32, cast once per partition)
-    out = VarlenAttention.apply(qv, kv, vv, cu_q, cu_k, plan)
-    if len(q.feature_shape) == 1:
-        out = out.squeeze(1)
-    packed = Packed.trusted(out, q.partition)
-    return NestedBatch.trusted(packed) if q.ragged_dim == 1 else NestedBatch(packed, q.ragged_dim)
+    out = VarlenAttention.apply(qv, kv, vv, cu_q, cu_k, plan)  # (total, H, E_v)
+    out = out.view(out.shape[0], *q.feature_shape[:-1], out.shape[-1])
+    # The query's form: ragged dim at dim -2, which is valid for these feature dims.
+    return NestedBatch.trusted(Packed.trusted(out, q.partition), q.ragged_dim)
 
 
 def _heads_view(values: Tensor) -> Tensor:
-    # (total, E) samples are one head: (total, 1, E), a view. The kernels read the head dim
-    # contiguously; a strided slice (a fused QKV split, say) is copied once.
-    values = values.unsqueeze(1) if values.dim() == 2 else values
+    # (total, *heads, E) as (total, H, E), H the product of the heads (1 for none): a view when
+    # the heads are contiguous. The kernels read the head dim contiguously; a strided slice (a
+    # fused QKV split, say) is copied once.
+    values = values.reshape(values.shape[0], math.prod(values.shape[1:-1]), values.shape[-1])
     return values if values.stride(-1) == 1 else values.contiguous()

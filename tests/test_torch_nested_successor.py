@@ -1,0 +1,224 @@
+"""torch.nested code on nestbatch: Python lists in the constructor, torch.nested's functional
+spellings, errors catchable as torch's ``RuntimeError``, and ``layer_norm`` over whole samples,
+each against torch.nested's own answer on the same inputs (or a per-sample reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nestbatch
+from nestbatch import NestedBatch
+from nestbatch import torch_nested as tn
+from nestbatch.errors import NestedIndexError, NestedTypeError, NestedValueError
+
+
+def _njt(samples):
+    return torch.nested.nested_tensor(samples, layout=torch.jagged)
+
+
+def _same_samples(batch, njt):
+    got, want = batch.unbind(), njt.unbind()
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+# ---------------------------------------------------------------------------- the constructor
+@pytest.mark.parametrize("data", [
+    [[1.0, 2.0], [3.0]],
+    [[[1, 2], [3, 4]], [[5, 6]]],
+    [[True, False], [True]],
+    [[1.5], []],
+])
+def test_nested_reads_python_lists_as_torch_nested_does(data):
+    _same_samples(nestbatch.nested(data), _njt(data))
+    _same_samples(tn.nested_tensor(data, layout=torch.jagged), _njt(data))
+
+
+def test_lists_in_a_given_dtype_are_read_in_it():
+    batch = nestbatch.nested([[0.1, 0.2], [0.3]], dtype=torch.float64)
+    assert batch.values.tolist() == [0.1, 0.2, 0.3]  # not rounded through float32
+
+
+def test_lists_mixed_with_tensors_and_the_jagged_layout_argument():
+    batch = nestbatch.nested([torch.tensor([1.0, 2.0]), [3.0]], layout=torch.jagged)
+    assert batch.layout is nestbatch.Layout.PACKED and batch.lengths.tolist() == [2, 1]
+    with pytest.raises(ValueError, match="torch.jagged"):
+        nestbatch.nested([[1.0]], layout=torch.strided)
+
+
+def test_pin_memory_argument():
+    batch = nestbatch.nested([[1.0, 2.0], [3.0]], pin_memory=False)
+    assert not batch.is_pinned()
+
+
+# ---------------------------------------------------------------- torch.nested's functions
+def test_to_padded_tensor_spelled_as_torch_nested():
+    samples = [torch.randn(2, 3), torch.randn(4, 3)]
+    batch = nestbatch.nested(samples)
+    expected = torch.nested.to_padded_tensor(_njt(samples), -1.0)
+    assert torch.equal(torch.nested.to_padded_tensor(batch, -1.0), expected)
+    assert torch.equal(tn.to_padded_tensor(batch, -1.0), expected)
+    wide = torch.nested.to_padded_tensor(_njt(samples), 0.0, (2, 6, 3))
+    assert torch.equal(torch.nested.to_padded_tensor(batch, 0.0, (2, 6, 3)), wide)
+    assert torch.equal(batch.to_padded_tensor(0.0, batch.shape), torch.stack(
+        [F.pad(s, (0, 0, 0, 4 - len(s))) for s in samples]))
+
+
+def test_narrow_as_torch_nested_narrow():
+    base = torch.randn(5, 10, 20)
+    starts = torch.tensor([0, 1, 2, 3, 4])
+    lengths = torch.tensor([3, 2, 2, 1, 5])
+    expected = torch.nested.narrow(base, 1, starts, lengths, layout=torch.jagged)
+    _same_samples(tn.narrow(base, 1, starts, lengths, layout=torch.jagged), expected)
+    _same_samples(tn.narrow(base, 1, 2, 3, layout=torch.jagged),
+                  torch.nested.narrow(base, 1, 2, 3, layout=torch.jagged))
+    with pytest.raises(ValueError, match="dim=1"):
+        tn.narrow(base, 2, 0, 1)
+    with pytest.raises(ValueError, match="inside dim 1"):
+        tn.narrow(base, 1, 8, 3)
+
+
+@pytest.mark.parametrize("mask", [
+    torch.tensor([[False, False, True], [True, False, True], [False, False, True]]),
+    torch.tensor([False]),
+    torch.tensor([True, False, True]),
+])
+def test_masked_select_as_torch_nested_masked_select(mask):
+    tensor = torch.randn(3, 3)
+    expected = torch.nested.masked_select(tensor, mask)
+    got = tn.masked_select(tensor, mask)
+    assert got.lengths.tolist() == expected.offsets().diff().tolist()
+    torch.testing.assert_close(got.values, expected.values())
+
+
+def test_nested_tensor_from_jagged_with_offsets_lengths_or_both():
+    values = torch.randn(10, 4)
+    offsets = torch.tensor([0, 3, 7, 10])
+    lengths = torch.tensor([2, 1, 3])
+    for kwargs in ({"offsets": offsets}, {"lengths": offsets.diff()},
+                   {"offsets": offsets, "lengths": lengths}):
+        expected = torch.nested.nested_tensor_from_jagged(values, **kwargs)
+        got = tn.nested_tensor_from_jagged(values, **kwargs)
+        for g, e in zip(got.unbind(), expected.unbind()):
+            torch.testing.assert_close(g, e)
+    assert tn.nested_tensor_from_jagged(values, offsets).values.data_ptr() == values.data_ptr()
+    with pytest.raises(ValueError, match="offsets or lengths"):
+        tn.nested_tensor_from_jagged(values)
+
+
+def test_as_nested_tensor_keeps_the_autograd_history():
+    leaf = torch.randn(3, 4, 2, requires_grad=True)
+    batch = tn.as_nested_tensor(leaf * 2)
+    assert batch.shape[0] == 3 and batch.shape[2:] == (2,) and batch.requires_grad
+    batch.values.sum().backward()
+    assert torch.equal(leaf.grad, torch.full_like(leaf, 2.0))
+    listed = tn.as_nested_tensor([torch.ones(2, requires_grad=True), torch.ones(1)])
+    assert listed.requires_grad
+
+
+# ------------------------------------------------------------------------ RuntimeError
+@pytest.mark.parametrize("call, kind, dtype", [
+    (lambda b: torch.softmax(b, dim=0), NestedValueError, torch.float32),
+    (lambda b: torch.cumsum(b, 0), NestedTypeError, torch.float32),
+    (lambda b: b.sum(dim=7), NestedIndexError, torch.float32),
+    (lambda b: b.to_padded_tensor(2**40), NestedValueError, torch.int32),
+])
+def test_errors_of_torch_functions_are_also_runtime_errors(call, kind, dtype):
+    batch = nestbatch.nested([torch.randn(2, 3), torch.randn(1, 3)]).to(dtype)
+    with pytest.raises(RuntimeError) as caught:
+        call(batch)
+    assert isinstance(caught.value, kind)
+
+
+def test_torch_nested_raises_runtime_error_where_nestbatch_raises_one():
+    samples = [torch.randn(2, 3), torch.randn(1, 3)]
+    for make in (_njt, nestbatch.nested):
+        with pytest.raises(RuntimeError):
+            torch.softmax(make(samples), dim=0)
+
+
+# ------------------------------------------------------------------- layer norm over samples
+@pytest.mark.parametrize("func", [F.layer_norm, F.rms_norm])
+@pytest.mark.parametrize("features", [(4,), (2, 3)])
+def test_norm_over_the_ragged_dim_normalizes_each_sample(func, features):
+    gen = torch.Generator().manual_seed(0)
+    samples = [torch.randn(n, *features, generator=gen, dtype=torch.float64) for n in (3, 1, 0, 5)]
+    batch = nestbatch.nested(samples)
+    out = func(batch, batch.shape[batch.ragged_dim:])
+    for got, sample in zip(out.unbind(), samples):
+        if sample.numel():
+            torch.testing.assert_close(got, func(sample, sample.shape))
+    if func is F.layer_norm:
+        njt = _njt(samples[:2] + samples[3:])  # (torch.nested's needs no empty sample)
+        expected = F.layer_norm(njt, njt.shape[njt._ragged_idx:])
+        kept = nestbatch.nested(samples[:2] + samples[3:])
+        _same_samples(F.layer_norm(kept, kept.shape[1:]), expected)
+
+
+def test_norm_over_the_ragged_dim_gradcheck_and_refusals():
+    lengths = [3, 1, 2]
+    values = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+
+    def fn(v):
+        batch = NestedBatch.from_lengths(v, lengths)
+        return F.layer_norm(batch, batch.shape[1:], eps=1e-3).values
+
+    assert torch.autograd.gradcheck(fn, (values,))
+    batch = NestedBatch.from_lengths(values.detach(), lengths)
+    with pytest.raises(RuntimeError, match="no weight or bias"):
+        F.layer_norm(batch, batch.shape[1:], weight=torch.ones(4))
+    with pytest.raises(RuntimeError, match="batch dim"):
+        F.layer_norm(batch, batch.shape)
+    other = nestbatch.nested([torch.randn(n, 4, dtype=torch.float64) for n in (2, 2, 2)])
+    with pytest.raises(RuntimeError, match="own"):
+        F.layer_norm(batch, other.shape[1:])
+
+
+# ------------------------------------------------------------- torch.nested's shape methods
+def _both(samples):
+    return nestbatch.nested(samples), _njt(samples)
+
+
+def test_unflatten_chunk_split_narrow_of_feature_dims_as_torch_nested():
+    samples = [torch.randn(n, 6) for n in (2, 3, 1)]
+    batch, njt = _both(samples)
+    _same_samples(batch.unflatten(-1, (2, 3)), njt.unflatten(-1, (2, 3)))
+    for got, want in zip(batch.chunk(3, dim=-1), njt.chunk(3, dim=-1)):
+        _same_samples(got, want)
+    for got, want in zip(batch.split([2, 4], dim=-1), njt.split([2, 4], dim=-1)):
+        _same_samples(got, want)
+    parts = torch.tensor_split(batch, 2, dim=2)
+    for i, part in enumerate(parts):
+        for got, sample in zip(part.unbind(), samples):
+            torch.testing.assert_close(got, sample.tensor_split(2, dim=1)[i])
+    _same_samples(batch.narrow(2, 1, 3), njt.narrow(2, 1, 3))
+    narrowed = batch.narrow(1, 1, 1)  # the ragged dim: b[:, 1:2] in every sample
+    for got, sample in zip(narrowed.unbind(), samples):
+        torch.testing.assert_close(got, sample[1:2])
+    with pytest.raises(RuntimeError, match="only feature dims"):
+        batch.chunk(2, dim=1)
+    with pytest.raises(RuntimeError, match="only feature dims"):
+        batch.unflatten(0, (1, 3))
+
+
+def test_unflatten_before_a_moved_ragged_dim_moves_it():
+    samples = [torch.randn(n, 6, 5) for n in (2, 3)]
+    moved = nestbatch.nested(samples).transpose(1, 2)  # (B, 6, j, 5)
+    out = moved.unflatten(1, (2, 3))
+    assert out.ragged_dim == 3 and repr(out.shape) == "NestedSize([2, 2, 3, j1, 5])"
+    for got, sample in zip(out.unbind(), samples):
+        torch.testing.assert_close(got, sample.transpose(0, 1).unflatten(0, (2, 3)))
+
+
+def test_numel_element_size_is_contiguous():
+    samples = [torch.randn(n, 6) for n in (2, 3, 0)]
+    batch, njt = _both(samples)
+    assert batch.numel() == torch.numel(batch) == sum(s.numel() for s in samples) == 30
+    assert batch.element_size() == njt.element_size() == 4
+    assert batch.is_contiguous()
+    strided = NestedBatch.from_lengths(torch.randn(6, 5).t(), [2, 3])
+    assert not strided.is_contiguous() and strided.contiguous().is_contiguous()
+    assert nestbatch.nested(samples).to(torch.float16).element_size() == 2
