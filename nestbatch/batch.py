@@ -755,6 +755,12 @@ class NestedBatch(TensorMethods):
         """The batch with contiguous storage (``Tensor.contiguous``)."""
         return self._map_primary(lambda t: t.contiguous(memory_format=memory_format))
 
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> NestedBatch:
+        """``Tensor.unflatten`` of a feature dim (``q.unflatten(-1, (H, E))``). Defined here,
+        not made by the registry: ``torch.compile`` cannot trace ``Tensor.unflatten`` (a Python
+        method of torch's) as the function behind a method of a batch made inside a graph."""
+        return torch.unflatten(self, dim, sizes)
+
     @property
     def is_nested(self) -> bool:
         """True, as ``Tensor.is_nested`` of a torch.nested tensor (code that branches on it)."""

@@ -669,7 +669,7 @@ for _name, _args, _kwargs in [
     ("contiguous", (), {}), ("requires_grad_", (False,), {}), ("is_pinned", (), {}),
     ("dim", (), {}), ("has_layout", (nb.Layout.PADDED,), {}),
     ("to", (torch.float64,), {}), ("to_ragged_batch", (), {}),
-    ("map_values", (torch.exp,), {}), ("stored", (), {}),
+    ("map_values", (torch.exp,), {}), ("stored", (), {}), ("unflatten", (-1, (2, 2)), {}),
 ]:
     audit(f"NestedBatch.{_name}", _method(_name, *_args, **_kwargs), device=True)
 

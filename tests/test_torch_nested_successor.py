@@ -222,3 +222,33 @@ def test_numel_element_size_is_contiguous():
     strided = NestedBatch.from_lengths(torch.randn(6, 5).t(), [2, 3])
     assert not strided.is_contiguous() and strided.contiguous().is_contiguous()
     assert nestbatch.nested(samples).to(torch.float16).element_size() == 2
+
+
+# ------------------------------------------- the migration guide's transformer block, compiled
+class _Block(torch.nn.Module):
+    """docs/migrating_from_torch_nested.rst's block, written as for torch.nested."""
+
+    def __init__(self, dim=16, heads=4):
+        super().__init__()
+        self.heads, self.norm = heads, torch.nn.LayerNorm(dim)
+        self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        # (B, j, D) -> (B, j, H, E) -> (B, H, j, E)
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
+        attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2)
+        return x + self.out(attended)
+
+
+def test_the_guide_s_transformer_block_eager_compiled_and_per_sample():
+    torch.manual_seed(0)
+    block = _Block()
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    for lengths in ((3, 5, 2), (4, 1, 7, 2)):
+        samples = [torch.randn(n, 16) for n in lengths]
+        batch = nestbatch.nested(samples)
+        out = block(batch)
+        for got, sample in zip(out.unbind(), samples):
+            torch.testing.assert_close(got, block(sample[None])[0])
+        torch.testing.assert_close(compiled(batch).values, out.values)
