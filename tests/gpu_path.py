@@ -146,9 +146,12 @@ _FAKE_CANNOT = (DataDependentOutputException, DynamicOutputShapeException,
                 UnsupportedOperatorException)
 
 # What the fake mode raises when an op has no fake kernel and its fallback runs the real kernel
-# on the CUDA device (which a CPU-only torch lacks): the op is computed for real instead.
+# on the CUDA device (which a CPU-only torch lacks), or, on a CUDA build, refuses to (the
+# CUDA-only kernels): the op is computed for real instead.
 _NEEDS_A_DEVICE = ("Torch not compiled with CUDA enabled",
-                   "not linked with support for cuda devices")
+                   "not linked with support for cuda devices",
+                   "there was no fake impl or Meta kernel registered",
+                   "Found no NVIDIA driver", "CUDA driver version is insufficient")
 
 # torch.cuda functions that must not run on the GPU path (they fail on a CPU-only torch, and on
 # a GPU they query or initialise the runtime on every call).
@@ -482,6 +485,10 @@ def fake_cuda() -> Iterator[FakeTensorMode]:
         stack.enter_context(_RealValues(mode))
         stack.enter_context(_no_cuda_runtime())
         stack.enter_context(_device_guardless())
+        # A CUDA build of torch asks cuDNN (which starts the CUDA runtime) whether it takes an
+        # RNN on CUDA tensors; with cuDNN off the RNN runs the fused-cell path the fake mode
+        # computes on the host, as on a CPU-only build.
+        stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         yield mode
 
 

@@ -720,10 +720,12 @@ def _chained(red: Reduction, sample: Tensor, dims: tuple[int, ...], keepdim: boo
 
 def _variance_layouts(red: Reduction, sample: Tensor, dims: tuple[int, ...],
                       keepdim: bool | None, extra: dict) -> list[Tensor]:
-    """torch's var / std of the same elements laid out two other ways: torch's kernels differ
+    """torch's var / std of the same elements laid out three other ways: torch's kernels differ
     with the layout near the overflow threshold (``torch.var`` of three -max float32 is inf
-    as a ``(3,)`` or ``(3, 1)`` tensor and 0.0 as ``(3, 2)``): the reduced elements last and
-    contiguous, and first with every other column doubled."""
+    as a ``(3,)`` or ``(3, 1)`` tensor and 0.0 as ``(3, 2)``; of ``[0, -max, max, 0, ...]``
+    float64 inf as a ``(9,)`` tensor and nan as a column of ``(9, 3)``): the reduced elements
+    last and contiguous, first with every other column doubled, and each output's elements
+    alone as a 1-d tensor."""
     func = getattr(torch, red.name)
     rest = [d for d in range(sample.dim()) if d not in dims]
     moved = sample.permute(*rest, *dims)
@@ -732,7 +734,10 @@ def _variance_layouts(red: Reduction, sample: Tensor, dims: tuple[int, ...],
     inner = func(flat.contiguous(), -1, **extra)
     columns = flat.reshape(math.prod(shape), flat.shape[-1]).t()
     doubled = func(torch.cat([columns, columns], 1), 0, **extra)[: columns.shape[1]]
-    return [_keep_shape(out.reshape(shape), sample, dims, keepdim) for out in (inner, doubled)]
+    alone = torch.stack([func(c.contiguous(), 0, **extra) for c in columns.t()]) \
+        if columns.shape[1] else inner.reshape(-1)
+    return [_keep_shape(out.reshape(shape), sample, dims, keepdim)
+            for out in (inner, doubled, alone)]
 
 
 def check_reduction(fails: Failures, family: str, case: Case, red: Reduction,

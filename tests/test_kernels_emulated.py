@@ -278,9 +278,9 @@ def test_build_failures_are_told_apart(error, kind):
     assert isinstance(build._classify(error), expected)
 
 
-@pytest.mark.skipif(torch.version.cuda is not None,
-                    reason="a CUDA build of torch makes the emulation unavailable before any "
-                           "compiler is looked for")
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="a CUDA device makes the emulation unavailable before any compiler "
+                           "is looked for")
 def test_no_compiler_means_unavailable(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     with pytest.raises(build.EmulationUnavailable, match="no C\\+\\+ compiler"):
@@ -1332,9 +1332,11 @@ def test_mismatched_shapes_raise_like_the_reference(kern, name, op, args):
         getattr(kern, op)(*args)
 
 
-def test_emulation_refuses_a_cuda_build_of_torch(monkeypatch):
-    # Its stand-ins for at::cuda clash with a CUDA build's (crashes seen on an H100 machine):
-    # there it skips, with the reason, and the real kernels run in the tests marked cuda.
+def test_emulation_refuses_a_machine_with_a_cuda_device(monkeypatch):
+    # Its stand-ins for at::cuda clash with a CUDA build's once a GPU is in use (crashes seen
+    # on an H100 machine): there it skips, with the reason, and the real kernels run in the
+    # tests marked cuda. A CUDA build without a GPU runs it.
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    with pytest.raises(build.EmulationUnavailable, match="CPU-only torch"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(build.EmulationUnavailable, match="without a CUDA device"):
         build.load.__wrapped__()  # past the per-process cache of an earlier load

@@ -7,6 +7,7 @@ import enum
 import torch
 from torch import Tensor
 
+from nestbatch.kernels.torch_versions import DYNAMO_HASHES_IDENTITY_ENUMS
 from nestbatch.layouts.partition import RowPartition
 
 
@@ -15,7 +16,8 @@ class Layout(enum.Enum):
 
     # Members are singletons compared by identity: hash them by identity too (in C), not by
     # name in Python as Enum does; layouts are dict keys on every dispatch.
-    __hash__ = object.__hash__
+    if DYNAMO_HASHES_IDENTITY_ENUMS:
+        __hash__ = object.__hash__
 
     LIST = "list"
     PACKED = "packed"

@@ -76,7 +76,7 @@ class RowPartition:
             )
         if shape_per_sample.shape[1] < 1:
             raise ValueError("a batch needs at least one ragged dim (k >= 1)")
-        self._take(*shape_per_sample.shape, shape_per_sample.device, max_shape)
+        self._blank(*shape_per_sample.shape, shape_per_sample.device, max_shape, into=self)
         self._shapes = shape_per_sample.to(torch.int64)
         if host_shapes is not None:
             self._host_shapes = host_shapes
@@ -98,21 +98,18 @@ class RowPartition:
 
     @classmethod
     def _blank(cls, batch_size: int, num_ragged_dims: int, device: torch.device | str,
-               max_shape: tuple[int, ...] | None = None) -> RowPartition:
+               max_shape: tuple[int, ...] | None = None, *,
+               into: RowPartition | None = None) -> RowPartition:
         """A partition with the required fields set (the optional ones default in the class
         body), whose constructor records its sizes next: the one place fields are set up, and
         without ``__init__``'s checks (the hot path of every batch made from lengths or
-        offsets)."""
-        partition = cls.__new__(cls)
+        offsets). ``into``: the object to set them on (``__init__`` / ``__setstate__``'s own)."""
+        partition = cls.__new__(cls) if into is None else into
         partition._batch_size = batch_size
         partition._num_ragged_dims = num_ragged_dims
         partition._device = device if type(device) is torch.device else torch.device(device)
         partition._max_shape = max_shape
         return partition
-
-    def _take(self, *required: object) -> None:
-        # For __init__ / __setstate__: the fields _blank sets up, on this object.
-        self.__dict__.update(vars(RowPartition._blank(*required)))
 
     def _seed(
         self, *, offsets: Tensor | None = None, host_offsets: tuple[int, ...] | None = None,
@@ -771,7 +768,7 @@ class RowPartition:
         # had a "lengths on host" flag instead.
         state.setdefault("_sizes_on_host", state.get("_host_shapes") is not None)
         state.pop("_lengths_on_host", None)
-        self._take(state["_batch_size"], state["_num_ragged_dims"], state["_device"])
+        self._blank(state["_batch_size"], state["_num_ragged_dims"], state["_device"], into=self)
         self.__dict__.update(state)
 
     def __repr__(self) -> str:

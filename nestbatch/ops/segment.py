@@ -127,10 +127,12 @@ def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
     CSR kernels are used for both. (Its amax / amin were faster with long segments, but give
     other answers than torch's for NaN and infinities.)
     """
+    if isinstance(values, FakeTensor) or torch.compiler.is_compiling():
+        # Its ops have no fake kernels: torch's trace and count. (Asked first: before 2.13,
+        # dynamo cannot trace the import lookup of scatter_available.)
+        return False
     if reduce not in _SCATTER_REDUCTIONS or not scatter_available():
         return False
-    if isinstance(values, FakeTensor) or torch.compiler.is_compiling():
-        return False  # its ops have no fake kernels: torch's trace and count
     if values.is_cuda:
         return _scatter_has_cuda()
     return values.numel() >= SCATTER_MIN_ELEMENTS  # below, its wrapper costs more than it saves

@@ -487,13 +487,15 @@ def load() -> Path:
     """
     if sys.platform != "linux":
         raise EmulationUnavailable(f"the emulation runs on Linux only, not {sys.platform}")
-    if torch.version.cuda is not None:
+    if torch.version.cuda is not None and torch.cuda.is_available():
         # Its stand-ins for at::cuda's device queries clash with the real ones a CUDA build of
-        # torch loads (the workers crashed in state() on an H100 machine); there the real
-        # kernels run instead, in the tests marked cuda.
+        # torch loads once a GPU is in use (the workers crashed in state() on an H100
+        # machine); there the real kernels run instead, in the tests marked cuda. A CUDA build
+        # without a GPU runs the emulation as a CPU-only build does (checked with torch 2.14.1).
         raise EmulationUnavailable(
-            f"the emulation needs a CPU-only torch (this one is built with CUDA "
-            f"{torch.version.cuda}); the CUDA kernels themselves run in the tests marked cuda"
+            f"the emulation needs a machine without a CUDA device (this torch, built with CUDA "
+            f"{torch.version.cuda}, has one); the CUDA kernels themselves run in the tests "
+            "marked cuda"
         )
     compiler = _compiler()
     if compiler is None:
