@@ -65,7 +65,8 @@ def nested_tensor_from_jagged(
     ``lengths``, as ``torch.nested.nested_tensor_from_jagged``; ``max_seqlen`` is the padded
     length (:meth:`NestedBatch.from_offsets`'s ``max_len``). With both ``offsets`` and
     ``lengths`` (samples that do not fill their slots) the samples are copied out of
-    ``values``; ``min_seqlen`` is not needed."""
+    ``values`` (one read of the lengths' total when they are a device tensor: the copy's size
+    needs it); ``min_seqlen`` is not needed."""
     check_tensor(values, "values")
     if jagged_dim not in (None, 1):
         raise ValueError(
