@@ -60,7 +60,7 @@ def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value")
         for ``float32``.
     """
     if isinstance(value, Tensor) and value.numel() == 1 and value.is_cpu:
-        value = value.item()
+        value = value.item()  # (a host tensor: no sync)
     if not isinstance(value, int | float | complex):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
     if torch.compiler.is_compiling():  # (torch checks the fill itself in the traced graph)
@@ -71,7 +71,7 @@ def check_filler(value: object, dtype: torch.dtype, name: str = "padding_value")
     stored = _FILLERS_SEEN.get(key, _UNSEEN)
     if stored is _UNSEEN:
         try:  # torch's own cast on the host (a few us, once per filler and dtype)
-            stored = torch.full((), value, dtype=dtype).item()
+            stored = torch.full((), value, dtype=dtype).item()  # (host memory: no sync)
         except (RuntimeError, OverflowError) as error:
             raise NestedValueError(
                 f"{name}={value!r} cannot be stored in a {dtype} tensor (torch.full refuses "

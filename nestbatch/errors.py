@@ -47,8 +47,8 @@ class NestedValueError(ValueError, RuntimeError):
 
 
 class NestedTypeError(TypeError, RuntimeError):
-    """A ``TypeError`` of a torch function on a batch, also a ``RuntimeError`` (torch.nested
-    raises ``RuntimeError`` / ``NotImplementedError`` for an op or input it does not take)."""
+    """A ``TypeError`` of a torch function on a batch, also a ``RuntimeError``: torch.nested
+    raises a ``RuntimeError`` (or its subclass for ops it lacks) for an op or input it refuses."""
 
 
 class NestedIndexError(IndexError, RuntimeError):

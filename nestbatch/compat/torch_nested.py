@@ -90,8 +90,9 @@ def narrow(tensor: Tensor, dim: int, start: int | Tensor, length: int | Tensor,
            layout: Any = torch.strided) -> NestedBatch:
     """The batch whose sample ``i`` is ``tensor[i, start_i : start_i + length_i]`` (``start``
     and ``length``: ints or ``(B,)`` integer tensors), as ``torch.nested.narrow``'s jagged
-    layout. A copy, where torch.nested makes a view; one read of the lengths when they are a
-    device tensor (the result's size needs their total)."""
+    layout. A copy, where torch.nested makes a view. Reads the device twice when ``start`` /
+    ``length`` live there: their range check (a bad range must raise, not gather garbage) and
+    the lengths' total (the result's size needs it)."""
     check_tensor(tensor, "tensor")
     if dim != 1:
         raise ValueError(f"narrow: only dim=1 is supported (the ragged dim), got dim={dim}")

@@ -239,7 +239,7 @@ def packed_to_padded(
         # Each sample's block, then filler rows (one row, expanded) up to max_len.
         fill = values.new_full((1, *values.shape[1:]), padding_value)
         pieces = []
-        for block in values.split(lengths.tolist()):
+        for block in values.split(lengths.tolist()):  # (the CPU path: host tensors, no sync)
             pieces.append(block)
             if block.shape[0] < max_len:
                 pieces.append(fill.expand(max_len - block.shape[0], *fill.shape[1:]))

@@ -71,6 +71,20 @@ def values_dim(batch: NestedBatch, dim: int) -> int:
     return storage_dim(batch, dim)[1]
 
 
+def feature_values_dim(batch: NestedBatch, dim: int, what: str) -> int:
+    """The packed values' dim of logical feature ``dim``; a ``ValueError`` naming ``what`` for
+    the batch or a ragged dim (ops along a feature dim: ``glu``, ``chunk``, ``narrow``, ...)."""
+    dim = normalize_dim(batch, dim)
+    kind, stored = storage_dim(batch, dim)
+    if kind != "feature":
+        why = "the samples" if kind == "batch" else "its sizes differ per sample"
+        raise ValueError(
+            f"{what} along dim {dim} of a NestedBatch: only feature dims are supported (dim "
+            f"{dim} is the {kind} dim: {why}); pass dim=-1 for the last feature dim"
+        )
+    return stored
+
+
 def check_same_structure(a: NestedBatch, b: NestedBatch, what: str = "batches") -> None:
     """Raise unless ``a`` and ``b`` have the same per-sample ragged shapes.
 

@@ -117,5 +117,6 @@ def _partition_from_counts(counts: list[Tensor], device: torch.device) -> RowPar
         above = _chain(tuple(levels))
         levels.append(RowPartition.from_lengths(count[(above.row_ids, *above.ragged_index)]))
     if counts[0].device != device:  # counted on the host: the sizes stay known there
+        # (host tensors: their tolist is no sync)
         levels = [RowPartition.from_host_lengths(lv.lengths.tolist(), device) for lv in levels]
     return _chain(tuple(levels))

@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, moved_ragged_error, storage_dim
+from nestbatch.batch import NestedBatch, moved_ragged_error
 from nestbatch.layouts import Layout
-from nestbatch.ops.common import dim_kind, normalize_dim, replace_storage
+from nestbatch.ops.common import dim_kind, feature_values_dim, replace_storage
 from nestbatch.ops.registry import register
-from nestbatch.ops.segment import segment_reduce
+from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
 
 _ACTIVATIONS = (
     "relu", "relu6", "elu", "selu", "celu", "leaky_relu", "gelu", "silu", "mish", "softplus",
@@ -59,13 +59,7 @@ def _along_feature_dim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
         dim, args = args[position], args[:position] + args[position + 1 :]
     else:
         dim = kwargs.pop("dim", default)
-    dim = normalize_dim(batch, dim)
-    kind, stored = storage_dim(batch, dim)
-    if kind != "feature":
-        raise ValueError(
-            f"{func.__name__} along dim {dim} of a NestedBatch: only feature dims are supported "
-            f"(dim {dim} is the {kind} dim); pass dim=-1 for the last feature dim"
-        )
+    stored = feature_values_dim(batch, dim, func.__name__)
     return batch.with_values(func(batch.values, *args[1:], dim=stored, **kwargs))
 
 
@@ -129,7 +123,7 @@ def _norm_samples(batch: NestedBatch, func: Any, shape: tuple, weight: Tensor | 
         eps = 1e-5 if func is F.layer_norm else torch.finfo(batch.dtype).eps
     values = batch.values
     rows = values.reshape(values.shape[0], -1)
-    wide = rows.float() if rows.dtype in (torch.float16, torch.bfloat16) else rows
+    wide = rows.to(WIDENED_DTYPES.get(rows.dtype, rows.dtype))  # half precision: in float32
     count = (batch.lengths * rows.shape[1]).to(wide.dtype)
     row_ids = batch.row_ids
     if func is F.layer_norm:

@@ -32,6 +32,7 @@ from nestbatch.layouts.sizes import RaggedSize
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
+    feature_values_dim,
     is_batch,
     normalize_dim,
     torch_funcs,
@@ -395,20 +396,6 @@ def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return batch.with_values(flat, rd - (end - start) if end < rd else rd)
 
 
-def _feature_dim_arg(batch: NestedBatch, dim: int, what: str) -> int:
-    """The packed values' dim of logical feature ``dim``; ``ValueError`` for the batch or a
-    ragged dim (their sizes differ per sample, or they are the samples)."""
-    dim = normalize_dim(batch, dim)
-    kind, stored = storage_dim(batch, dim)
-    if kind != "feature":
-        why = "the samples" if kind == "batch" else "its sizes differ per sample"
-        raise ValueError(
-            f"{what} along dim {dim} of a NestedBatch: only feature dims are supported (dim "
-            f"{dim} is the {kind} dim: {why})"
-        )
-    return stored
-
-
 @register(*torch_funcs("unflatten"), layouts=(Layout.PACKED,), moved_ragged=True)
 def _unflatten(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``unflatten(dim, sizes)`` of a feature dim (``q.unflatten(-1, (H, E))``, torch.nested's
@@ -417,7 +404,7 @@ def _unflatten(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     dim = args[1] if len(args) > 1 else kwargs["dim"]
     sizes = tuple(args[2] if len(args) > 2 else kwargs["sizes"])
     logical = normalize_dim(batch, dim)
-    stored = _feature_dim_arg(batch, logical, "unflatten")
+    stored = feature_values_dim(batch, logical, "unflatten")
     moved = batch.ragged_dim + (len(sizes) - 1 if logical < batch.ragged_dim else 0)
     return batch.with_values(batch.values.unflatten(stored, sizes), moved)
 
@@ -432,7 +419,7 @@ def _split_features(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any
                                       "indices_or_sections", "sections", "indices")
         if name in kwargs)
     dim = args[2] if len(args) > 2 else kwargs.pop("dim", 0)
-    stored = _feature_dim_arg(batch, dim, func.__name__)
+    stored = feature_values_dim(batch, dim, func.__name__)
     method = getattr(torch.Tensor, func.__name__)
     return tuple(batch.with_values(part) for part in method(batch.values, how, stored))
 
@@ -449,7 +436,7 @@ def _narrow(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         index = [slice(None)] * (dim + 1)
         index[dim] = slice(start, start + length)
         return batch[tuple(index)]
-    stored = _feature_dim_arg(batch, dim, "narrow")
+    stored = feature_values_dim(batch, dim, "narrow")
     return batch.with_values(batch.values.narrow(stored, start, length))
 
 
