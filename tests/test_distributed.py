@@ -3,55 +3,16 @@ what every rank built, and a DDP model taking a NestedBatch trained like a singl
 
 from __future__ import annotations
 
-import socket
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from distributed_harness import run_on_ranks
 
 import nestbatch as nb
 from nestbatch import distributed as nbd
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(worker, world: int, *args) -> None:
-    """``worker(rank, world, *args)`` on ``world`` processes joined by gloo.
-
-    gloo sometimes aborts a process while tearing down (``terminate called without an active
-    exception``, seen under load) after every rank has finished: that crash is not the test's.
-    A rank marks its work done after a barrier, so a crash of a marked rank comes after every
-    rank's work and checks; any other failure fails the test.
-    """
-    with tempfile.TemporaryDirectory() as done:
-        try:
-            mp.spawn(_spawned, args=(worker, world, _free_port(), done, args), nprocs=world,
-                     join=True)
-        except mp.ProcessExitedException as error:
-            if error.signal_name is None or not (Path(done) / str(error.error_index)).exists():
-                raise
-
-
-def _spawned(rank: int, worker, world: int, port: int, done: str, args: tuple) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        worker(rank, world, *args)
-        dist.barrier()  # no rank tears gloo down while another still talks to it
-        (Path(done) / str(rank)).touch()
-    finally:
-        dist.destroy_process_group()
 
 
 def _samples(rank: int, dtype: torch.dtype, k: int = 1) -> list[torch.Tensor]:
@@ -99,7 +60,7 @@ def _collectives(rank: int, world: int) -> None:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_collectives_match_the_concatenation_of_every_rank(world):
-    _run(_collectives, world)
+    run_on_ranks(_collectives, world)
 
 
 class _Model(torch.nn.Module):
@@ -134,7 +95,7 @@ def test_ddp_with_nested_batch_inputs_trains_like_one_process(tmp_path):
     reference = _Model()
     start = {k: v.clone() for k, v in reference.state_dict().items()}
     out_path = str(tmp_path / "ddp.pt")
-    _run(_ddp, 2, start, out_path)
+    run_on_ranks(_ddp, 2, start, out_path)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     for _ in range(2):  # DDP averages the ranks' gradients: the mean of their losses here
         optimizer.zero_grad()
