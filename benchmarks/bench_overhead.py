@@ -5,9 +5,9 @@ path: argument checks, layout bookkeeping, Python between the public function an
 Each row times a nestbatch public call (fresh objects where the call builds them) and the torch
 code a user would write for the same result on plain tensors (``pad_sequence``, aten's jagged
 ops, ``segment_reduce``, a masked softmax, ``gather`` with the padding filled, boolean-mask
-writes, per-sample ``nonzero``), in one run; the target is
-``nestbatch <= 1.5 x torch + 15 us``. The RaggedBatch helpers are also timed as the bare
-``nestbatch.kernels`` operator, so the gap between the public call and its operator stays
+writes, per-sample ``nonzero``), in one run; the target is ``nestbatch <= torch + 10 us``
+(the host time nestbatch adds to the op it replaces). The RaggedBatch helpers are also timed as
+the bare ``nestbatch.kernels`` operator, so the gap between the public call and its operator stays
 visible. Usage::
 
     python benchmarks/bench_overhead.py [--device cuda] [--quick] [--batch 4] [--only NAME]
@@ -29,6 +29,8 @@ from benchmarks.common import add_common_args, median_time, print_table, sync_fo
 from nestbatch import NestedBatch, RaggedBatch, kernels  # noqa: E402
 
 FEATURES = 16
+#: Host time a public call may add to the plain torch call it replaces.
+TARGET_EXTRA_US = 10.0
 
 
 def _setup(batch: int, device: str):
@@ -206,7 +208,7 @@ def main() -> None:
         if args.only not in name:
             continue
         t_ours, t_plain = (t * 1e6 for t in _paired_times(ours, plain, timing, blocks=5))
-        target = 1.5 * t_plain + 15
+        target = t_plain + TARGET_EXTRA_US
         verdict = "ok" if t_ours <= target else "OVER"
         table.append((name, t_ours, t_plain, t_ours / t_plain, target, verdict))
         print(f"  {name}: {t_ours:.1f} us vs {t_plain:.1f} us", file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """The CPU implementations of the conversion operators (:mod:`nestbatch.kernels.cpu`) against the
-pure-PyTorch references, on both of their paths (whole-sample blocks and row indices), and the
-huge-page output buffers of :mod:`nestbatch.kernels.host_memory`."""
+pure-PyTorch references, on each of their paths (the C library of
+:mod:`nestbatch.kernels.host_library`, and without it whole-sample blocks and row indices), and
+the huge-page output buffers of :mod:`nestbatch.kernels.host_memory`."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from ragged_strategies import ALL_DTYPES, make_tensor
 
 import nestbatch as nb
 from nestbatch import kernels
-from nestbatch.kernels import cpu, host_memory, operators
+from nestbatch.kernels import cpu, host_library, host_memory, operators
 
-# The settings forcing each path of the conversions (with _force_one_write): whole-sample
-# blocks, row indices computed with tensor ops, row indices listed on the host.
+# The settings forcing each path of the conversions (with _force_one_write): the C library,
+# and without it whole-sample blocks, row indices computed with tensor ops, row indices listed
+# on the host.
 PATHS = {
+    "C": {},
     "blocks": {"BLOCK_ROWS": 0, "LISTED_ROWS": -1},
     "rows": {"BLOCK_ROWS": 1 << 40, "LISTED_ROWS": -1},
     "listed": {"LISTED_ROWS": 1 << 20, "LISTED_FROM_SAMPLES": 0},
@@ -34,6 +37,11 @@ def _force_one_write(patch) -> None:
 
 
 def _take(patch, path: str) -> None:
+    if path == "C":
+        if host_library.library() is None:
+            pytest.skip(f"no C conversions here: {host_library.status()}")
+    else:
+        patch.setattr(host_library, "library", lambda: None)
     for name, value in PATHS[path].items():
         patch.setattr(cpu, name, value)
 

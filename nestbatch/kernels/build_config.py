@@ -1,4 +1,4 @@
-"""What the CUDA extension is built from, in one place for ``setup.py`` and the JIT loader.
+"""What the compiled kernels are built from, in one place for ``setup.py`` and the loaders.
 
 This module imports nothing but the standard library: ``setup.py`` reads it by path, before
 the package (or even torch) is importable.
@@ -16,6 +16,7 @@ __all__ = [
     "CSRC_SUFFIXES",
     "CUDA_FLAGS",
     "CXX_FLAGS",
+    "HOST_SOURCE",
     "PACKAGED_CSRC_DIR",
     "REPOSITORY_CSRC_DIR",
     "SOURCES",
@@ -25,8 +26,11 @@ __all__ = [
 #: The translation units of the extension, in build order.
 SOURCES = ("bindings.cpp", "packed_padded.cu", "batched_indexing.cu", "mask_indices.cu")
 
-#: Every file of ``csrc/`` the build reads (translation units and the headers they include).
-CSRC_SUFFIXES = (".cpp", ".cu", ".cuh", ".h")
+#: The CPU conversions in plain C, loaded with ctypes (:mod:`nestbatch.kernels.host_library`).
+HOST_SOURCE = "host_kernels.c"
+
+#: Every file of ``csrc/`` the builds read (translation units and the headers they include).
+CSRC_SUFFIXES = (".c", ".cpp", ".cu", ".cuh", ".h")
 
 #: Host compiler flags.
 CXX_FLAGS = ("-O3",)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from torch.types import Number
 
+from nestbatch.kernels import host_library
 from nestbatch.kernels.checks import INDEX_DTYPES
 from nestbatch.kernels.host_memory import empty_for_write
 from nestbatch.kernels.torch_impl import sizes_mask
@@ -111,6 +112,14 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
         and offsets.dtype in INDEX_DTYPES
         and _held_exactly(filler, data.dtype)
     )
+
+
+def _host_library_applies(data: Tensor, index: Tensor, filler: Number, out: Tensor | None
+                          ) -> bool:
+    """Whether the C conversions (:mod:`~nestbatch.kernels.host_library`) may compute a call:
+    where aten's jagged kernels may, on contiguous data, into a contiguous ``out`` if any."""
+    return (_aten_jagged_applies(data, index, filler) and data.is_contiguous()
+            and (out is None or (out.is_contiguous() and out.dtype == data.dtype)))
 
 
 def _held_exactly(filler: Number, dtype: torch.dtype) -> bool:
@@ -198,6 +207,10 @@ def packed_to_padded(
     operator on the CPU), written into ``out`` when given (contiguous, of the right shape).
     ``fallback`` computes the same thing where this path does not apply.
     """
+    if _host_library_applies(values, offsets, padding_value, out):
+        result = host_library.packed_to_padded(values, offsets, max_len, padding_value, out)
+        if result is not None:
+            return result
     batch = offsets.shape[0] - 1
     shape = (batch, max_len, *values.shape[1:])
     if (out is None and batch >= LISTED_FROM_SAMPLES and values.shape[0] <= LISTED_ROWS
@@ -257,6 +270,10 @@ def padded_to_packed(
     """``(B, L, *D)`` padded data -> ``(total, *D)`` packed rows (``nestbatch::padded_to_packed``
     on the CPU), written into ``out`` when given (contiguous, of the right shape). ``fallback``
     computes the same thing where this path does not apply."""
+    if _host_library_applies(data, offsets, 0, out):
+        result = host_library.padded_to_packed(data, offsets, total, out)
+        if result is not None:
+            return result
     if not _applies(data, offsets):
         return _into(fallback(data, offsets, total), out)
     batch, width = data.shape[:2]
@@ -289,6 +306,10 @@ def padded_to_packed(
 def fill_padding(data: Tensor, sizes: Tensor, value: Number, fallback) -> Tensor:
     """``(B, N, *D)`` with slots ``>= sizes[b]`` set to ``value`` (``nestbatch::fill_padding``
     on the CPU). ``fallback`` computes the same thing where this path does not apply."""
+    if _host_library_applies(data, sizes, value, None) and sizes.dim() == 1:
+        result = host_library.fill_padding(data, sizes, value)
+        if result is not None:
+            return result
     large = data.numel() * data.element_size() >= ONE_WRITE_FILL_BYTES
     if not (large and _applies(data, sizes)):
         return fallback(data, sizes, value)
@@ -388,6 +409,10 @@ def _valid_slots(sizes: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 
 def _select_access(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number) -> Tensor:
+    if _host_library_applies(data, indices, filler_value, None):
+        result = host_library.gather_rows(data, indices, sizes, filler_value)
+        if result is not None:
+            return result
     # Padded slots may hold any index: read row 0 for them, then overwrite them. ``gather``
     # raises for a valid index outside ``[0, N)``.
     padding = sizes_mask(sizes, indices.shape[1], padding=True)
@@ -403,27 +428,37 @@ def _select_access(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: N
     return rows.masked_fill_(padding.view(*padding.shape, *trailing), filler_value)
 
 
-def _select_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
-    b, j = _valid_slots(sizes, indices.shape[1])
-    out = into.clone(memory_format=torch.contiguous_format)
-    out[b, indices[b, j]] = to_write[b, j]
+def _scattered(source: Tensor, source_indices: Tensor | None, target_indices: Tensor,
+               sizes: Tensor, out: Tensor) -> Tensor:
+    """``out`` with ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]``
+    (``source_indices`` ``None``: slot ``j``) for the valid slots: the C library's row copies
+    where they apply, else one advanced-indexing write (which raises for an index outside its
+    dim, or counts a negative one from the end)."""
+    if _host_library_applies(source, target_indices, 0, out):
+        done = host_library.scatter_rows(source, source_indices, target_indices, sizes, out)
+        if done is not None:
+            return done
+    b, j = _valid_slots(sizes, target_indices.shape[1])
+    rows = source[b, j] if source_indices is None else source[b, source_indices[b, j]]
+    out[b, target_indices[b, j]] = rows
     return out
+
+
+def _select_write(to_write: Tensor, indices: Tensor, sizes: Tensor, into: Tensor) -> Tensor:
+    out = into.clone(memory_format=torch.contiguous_format)
+    return _scattered(to_write, None, indices, sizes, out)
 
 
 def _select_inverse(data: Tensor, indices: Tensor, sizes: Tensor, num_targets: int,
                     filler_value: Number) -> Tensor:
-    b, j = _valid_slots(sizes, indices.shape[1])
     out = data.new_full((data.shape[0], num_targets, *data.shape[2:]), filler_value)
-    out[b, indices[b, j]] = data[b, j]
-    return out
+    return _scattered(data, None, indices, sizes, out)
 
 
 def _select_mapping(source: Tensor, source_indices: Tensor, target_indices: Tensor,
                     sizes: Tensor, target: Tensor) -> Tensor:
-    b, j = _valid_slots(sizes, source_indices.shape[1])
     out = target.clone(memory_format=torch.contiguous_format)
-    out[b, target_indices[b, j]] = source[b, source_indices[b, j]]
-    return out
+    return _scattered(source, source_indices, target_indices, sizes, out)
 
 
 def _select_to_mask(indices: Tensor, sizes: Tensor, num_targets: int) -> Tensor:

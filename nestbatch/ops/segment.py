@@ -122,9 +122,11 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
 def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
     """Whether ``segment_csr`` beats ``torch.segment_reduce`` here (and is installed).
 
-    Measured on 2 CPU cores (torch 2.13, torch-scatter 2.1.2): forward, 1.1-1.9x faster for
-    sum / mean at every size tried; forward + backward, 0.9-2.3x (1.2x typical). On CUDA its
-    CSR kernels are used for both. (Its amax / amin were faster with long segments, but give
+    On CUDA its CSR kernels are used for both sums and means. On the CPU (2 cores, torch 2.13,
+    torch-scatter 2.1.2, forward, against ``segment_reduce`` over the offsets) its mean is
+    1.1-1.6x faster from a few thousand elements with rows of 8 or more, but its sum is slower
+    (0.7-0.9x) up to about 1M elements and 1.0-1.2x faster only from about 4M; with rows of one
+    element both are 1.5-3x slower. (Its amax / amin were faster with long segments, but give
     other answers than torch's for NaN and infinities.)
     """
     if isinstance(values, FakeTensor) or torch.compiler.is_compiling():
@@ -135,12 +137,14 @@ def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
         return False
     if values.is_cuda:
         return _scatter_has_cuda()
-    return values.numel() >= SCATTER_MIN_ELEMENTS  # below, its wrapper costs more than it saves
+    row = values.numel() // max(1, values.shape[0])
+    return row >= SCATTER_MIN_ROW and values.numel() >= SCATTER_MIN_ELEMENTS[reduce]
 
 
-#: On the CPU, torch-scatter pays off from this many elements: below, its wrapper's fixed cost
-#: (about 15 us more than ``segment_reduce``'s on 2 cores) outweighs its faster loop.
-SCATTER_MIN_ELEMENTS = 1 << 16
+#: On the CPU, torch-scatter pays off from this many elements (see :func:`_scatter_is_faster`).
+SCATTER_MIN_ELEMENTS = {"sum": 1 << 22, "mean": 1 << 12}
+#: ... and from rows of this many elements.
+SCATTER_MIN_ROW = 8
 
 
 @functools.cache

@@ -1,0 +1,247 @@
+"""The C conversions and row gathers / scatters of ``csrc/host_kernels.c``, compiled on first
+use and called with ctypes.
+
+The library is plain C over bytes (no torch headers), so the system's C compiler builds it in a
+fraction of a second, for every torch release. It is built once per machine into
+``$NESTBATCH_CACHE_DIR`` (default ``~/.cache/nestbatch``) under a name that carries a hash of
+the source and of the compiler command, and reused by every later process. Where it cannot be
+built (no compiler, a read-only home and temporary directory, Windows) or
+``NESTBATCH_DISABLE_HOST_KERNELS=1`` is set, :func:`library` returns ``None`` and the
+conversions run on their PyTorch implementation; :func:`status` says which and why.
+
+The functions here take host tensors and return ``None`` where the C path does not apply (no
+library, offsets outside its contract): the caller then runs the PyTorch implementation.
+ctypes releases the GIL during the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.types import Number
+
+from nestbatch.kernels.build_config import HOST_SOURCE, csrc_dir
+from nestbatch.kernels.host_memory import empty_for_write
+
+__all__ = [
+    "fill_padding", "gather_rows", "library", "packed_to_padded", "padded_to_packed",
+    "scatter_rows", "status",
+]
+
+#: Outputs from this size on get memory advised as huge pages (their page faults dominate).
+HUGE_PAGE_BYTES = 2 << 20
+
+_FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC")
+_POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {
+    "packed_to_padded": (_POINTER, _INT, _POINTER, _INT, _INT, _INT, _POINTER, _POINTER),
+    "padded_to_packed": (_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER),
+    "fill_padding": (_POINTER, _INT, _INT, _INT, _POINTER, _POINTER, _POINTER),
+    "gather_rows": (_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER, _POINTER, _POINTER),
+    "scatter_rows": (_POINTER, _INT, _POINTER, _POINTER, _INT, _POINTER, _INT, _INT, _INT,
+                     _POINTER),
+}
+_SUFFIXES = {torch.int64: "i64", torch.int32: "i32"}
+_status = "not loaded yet"
+
+
+def status() -> str:
+    """How the conversions run on the CPU: the C library's path, or why they use PyTorch."""
+    library()
+    return _status
+
+
+@functools.cache
+def library() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
+    """``{(function, offsets dtype): C function}``, or ``None`` where the library is missing."""
+    global _status
+    if os.environ.get("NESTBATCH_DISABLE_HOST_KERNELS") == "1":
+        _status = "PyTorch: NESTBATCH_DISABLE_HOST_KERNELS=1"
+        return None
+    try:
+        path = _built_library()
+        loaded = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+        _status = f"PyTorch: the C conversions could not be built ({error})"
+        return None
+    functions = {}
+    for name, argtypes in _SIGNATURES.items():
+        for dtype, suffix in _SUFFIXES.items():
+            function = getattr(loaded, f"nb_{name}_{suffix}")
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+            functions[name, dtype] = function
+    _status = f"C library {path}"
+    return functions
+
+
+def _built_library() -> Path:
+    """The compiled library: from the cache, else compiled now (raises where it cannot be)."""
+    source = csrc_dir() / HOST_SOURCE
+    if not source.is_file():
+        raise RuntimeError(f"{source} is missing")
+    if sys.platform == "win32":
+        raise RuntimeError("not built on Windows")
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C compiler {compiler!r} on PATH")
+    command = (compiler, *_FLAGS)
+    digest = hashlib.sha256(source.read_bytes() + repr(command).encode()).hexdigest()[:16]
+    for directory in _cache_dirs():
+        target = directory / f"host_kernels_{digest}.so"
+        if target.is_file():
+            return target
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            return _compile(command, source, target)
+        except OSError:
+            continue  # not writable: the next candidate
+    raise RuntimeError("no writable cache directory")
+
+
+def _cache_dirs() -> list[Path]:
+    chosen = os.environ.get("NESTBATCH_CACHE_DIR")
+    if chosen:
+        return [Path(chosen)]
+    return [Path.home() / ".cache" / "nestbatch", Path(tempfile.gettempdir()) / "nestbatch"]
+
+
+def _compile(command: tuple[str, ...], source: Path, target: Path) -> Path:
+    # Into a private name, then renamed: processes building at once never load a partial file.
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([*command, "-o", partial, str(source)], check=True, capture_output=True,
+                       timeout=120)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+def _pattern(like: Tensor, filler: Number) -> Tensor | None:
+    """One row (``like.shape[2:]``) of ``filler`` in ``like``'s dtype, or ``None`` where the
+    filler is all-zero bytes (a memset)."""
+    if filler == 0 and not (isinstance(filler, float) and math.copysign(1.0, filler) < 0):
+        return None  # (-0.0 is not all-zero bytes)
+    return like.new_full(like.shape[2:], filler)
+
+
+def _output(shape: tuple[int, ...], like: Tensor, out: Tensor | None) -> Tensor:
+    if out is not None:
+        return out
+    if math.prod(shape) * like.element_size() >= HUGE_PAGE_BYTES:
+        return empty_for_write(shape, like=like)
+    return torch.empty(shape, dtype=like.dtype)
+
+
+def _function(name: str, index: Tensor):
+    functions = library()
+    if functions is None or not index.is_contiguous():
+        return None
+    return functions.get((name, index.dtype))
+
+
+def _address(pattern: Tensor | None) -> int | None:
+    return None if pattern is None else pattern.data_ptr()
+
+
+def _row_bytes(data: Tensor, leading: int) -> int:
+    return math.prod(data.shape[leading:]) * data.element_size()
+
+
+def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number,
+                     out: Tensor | None = None) -> Tensor | None:
+    """``(total, *D)`` contiguous host rows -> ``(B, width, *D)`` (into ``out`` when given:
+    contiguous, that shape, that dtype), or ``None`` where the C path does not apply
+    (``filler`` must already be checked against the dtype)."""
+    function = _function("packed_to_padded", offsets)
+    if function is None:
+        return None
+    batch = offsets.shape[0] - 1
+    result = _output((batch, width, *values.shape[1:]), values, out)
+    pattern = _pattern(result, filler)
+    code = function(values.data_ptr(), values.shape[0], offsets.data_ptr(), batch, width,
+                    _row_bytes(values, 1), _address(pattern), result.data_ptr())
+    return result if code == 0 else None
+
+
+def padded_to_packed(data: Tensor, offsets: Tensor, total: int, out: Tensor | None = None
+                     ) -> Tensor | None:
+    """``(B, L, *D)`` contiguous host data -> ``(total, *D)`` rows (into ``out`` when given),
+    or ``None`` where the C path does not apply."""
+    function = _function("padded_to_packed", offsets)
+    if function is None:
+        return None
+    result = _output((total, *data.shape[2:]), data, out)
+    code = function(data.data_ptr(), data.shape[0], data.shape[1], _row_bytes(data, 2),
+                    offsets.data_ptr(), total, result.data_ptr())
+    return result if code == 0 else None
+
+
+def fill_padding(data: Tensor, sizes: Tensor, filler: Number) -> Tensor | None:
+    """``(B, N, *D)`` contiguous host data with slots ``>= sizes[b]`` set to ``filler``, as a
+    new tensor, or ``None`` where the C path does not apply."""
+    function = _function("fill_padding", sizes)
+    if function is None:
+        return None
+    result = _output(tuple(data.shape), data, None)
+    pattern = _pattern(result, filler)
+    function(data.data_ptr(), data.shape[0], data.shape[1], _row_bytes(data, 2),
+             sizes.data_ptr(), _address(pattern), result.data_ptr())
+    return result
+
+
+def _indices_function(name: str, *indices: Tensor):
+    """The C function for index tensors of one dtype, all contiguous, or ``None``."""
+    first = indices[0]
+    for index in indices[1:]:
+        if index.dtype != first.dtype or not index.is_contiguous():
+            return None
+    return _function(name, first)
+
+
+def gather_rows(data: Tensor, indices: Tensor, sizes: Tensor, filler: Number) -> Tensor | None:
+    """``(B, M, *D)``: ``data[b, indices[b, j]]`` for ``j < sizes[b]``, ``filler`` elsewhere;
+    ``data`` ``(B, N, *D)`` contiguous, ``indices`` ``(B, M)``. ``None`` where the C path does
+    not apply (an index of a valid slot outside ``[0, N)`` included)."""
+    function = _indices_function("gather_rows", indices, sizes)
+    if function is None:
+        return None
+    batch, width = indices.shape
+    result = _output((batch, width, *data.shape[2:]), data, None)
+    pattern = _pattern(result, filler)
+    code = function(data.data_ptr(), batch, data.shape[1], _row_bytes(data, 2),
+                    indices.data_ptr(), width, sizes.data_ptr(), _address(pattern),
+                    result.data_ptr())
+    return result if code == 0 else None
+
+
+def scatter_rows(source: Tensor, source_indices: Tensor | None, target_indices: Tensor,
+                 sizes: Tensor, out: Tensor) -> Tensor | None:
+    """``out`` (``(B, T, *D)``, contiguous, holding what the other slots keep) with
+    ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]`` (``source_indices``
+    ``None``: slot ``j``) for ``j < sizes[b]``, in slot order; ``source`` ``(B, S, *D)``
+    contiguous. ``None`` where the C path does not apply (an index outside its dim included:
+    ``out`` may then be partly written)."""
+    indices = (target_indices, sizes) if source_indices is None else \
+        (target_indices, sizes, source_indices)
+    function = _indices_function("scatter_rows", *indices)
+    if function is None:
+        return None
+    batch, width = target_indices.shape
+    code = function(source.data_ptr(), source.shape[1], _address(source_indices),
+                    target_indices.data_ptr(), out.shape[1], sizes.data_ptr(), batch, width,
+                    _row_bytes(source, 2), out.data_ptr())
+    return out if code == 0 else None
