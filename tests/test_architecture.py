@@ -35,6 +35,7 @@ LAYERS = (
     ("nestbatch.compat", "nestbatch.convert", "nestbatch.batching_helpers",
      "nestbatch.distributed", "nestbatch.interop", "nestbatch.index_payloads",
      "nestbatch.ragged_batch"),
+    ("nestbatch.data",),
     ("nestbatch",),
 )
 
