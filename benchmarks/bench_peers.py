@@ -1,9 +1,9 @@
 """nestbatch's public calls beside the CPU ops a user would otherwise call, in one run.
 
 For every size (B samples of 1 to L rows, the last of length L, D float32 features) and every
-operation, the nestbatch public call and each peer are timed interleaved (one call of each in
-turn, for a number of rounds that falls with the size; the median of each), so all see the
-same machine state:
+operation, the nestbatch public call and each peer are timed interleaved (a block of calls of
+each in turn, up to 20 calls for the small sizes, for a number of rounds that falls with the
+size; the median per call of each), so all see the same machine state:
 
 * packed -> padded: ``NestedBatch.from_offsets(values, offsets, max_len=L,
   validate=False).padded()`` (the peers too are told the longest length) against aten's
@@ -61,8 +61,11 @@ BUSY_SIZES = [(4, 8, 16), (32, 128, 64), (512, 32, 16), (256, 512, 64)]
 REDUCTIONS = ("sum", "mean", "amax", "amin")
 
 
-def interleaved_medians(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Median seconds of every call, timed one call of each in turn for ``repeat`` rounds."""
+def interleaved_medians(calls: dict[str, Callable[[], object]], repeat: int, block: int = 1
+                        ) -> dict[str, float]:
+    """Median seconds per call of every call, timed in turn: ``repeat`` rounds, each timing a
+    block of ``block`` consecutive calls of each (so that the short ones run warm, as in a loop,
+    while all see the same machine state)."""
     for fn in calls.values():
         for _ in range(2):
             fn()
@@ -70,8 +73,9 @@ def interleaved_medians(calls: dict[str, Callable[[], object]], repeat: int) -> 
     for _ in range(repeat):
         for name, fn in calls.items():
             began = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - began)
+            for _ in range(block):
+                fn()
+            times[name].append((time.perf_counter() - began) / block)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -99,7 +103,7 @@ def to_padded_calls(batch: int, longest: int, features: int) -> dict[str, Callab
         "aten": lambda: torch.ops.aten._jagged_to_padded_dense_forward(
             values, [offsets], [longest], 0.0),
         "torch.nested": lambda: torch.nested.nested_tensor_from_jagged(
-            values, offsets).to_padded_tensor(0.0),
+            values, offsets, min_seqlen=1, max_seqlen=longest).to_padded_tensor(0.0),
         "pad_sequence": lambda: pad_sequence(values.split(split), batch_first=True),
     }
     if HAS_FBGEMM:
@@ -160,7 +164,8 @@ def rows(sizes, operations, repeat_for) -> list[tuple]:
         megabytes = batch * longest * features * 4 / 2**20
         for name, make in operations:
             calls = make(batch, longest, features)
-            times = interleaved_medians(calls, repeat_for(megabytes))
+            block = max(1, min(20, int(1 / max(megabytes, 1e-9))))  # ~1 MB of work a block
+            times = interleaved_medians(calls, repeat_for(megabytes), block)
             peers = {k: v for k, v in times.items() if k not in ("nestbatch", "copy")}
             best = min(peers, key=peers.get)
             table.append((

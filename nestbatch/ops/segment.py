@@ -124,7 +124,7 @@ def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
 
     On CUDA its CSR kernels are used for both sums and means. On the CPU (2 cores, torch 2.13,
     torch-scatter 2.1.2, forward, against ``segment_reduce`` over the offsets) its mean is
-    1.1-1.6x faster from a few thousand elements with rows of 8 or more, but its sum is slower
+    1.1-1.6x faster from about 64k elements with rows of 8 or more, but its sum is slower
     (0.7-0.9x) up to about 1M elements and 1.0-1.2x faster only from about 4M; with rows of one
     element both are 1.5-3x slower. (Its amax / amin were faster with long segments, but give
     other answers than torch's for NaN and infinities.)
@@ -142,7 +142,7 @@ def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
 
 
 #: On the CPU, torch-scatter pays off from this many elements (see :func:`_scatter_is_faster`).
-SCATTER_MIN_ELEMENTS = {"sum": 1 << 22, "mean": 1 << 12}
+SCATTER_MIN_ELEMENTS = {"sum": 1 << 22, "mean": 1 << 16}
 #: ... and from rows of this many elements.
 SCATTER_MIN_ROW = 8
 
