@@ -38,16 +38,22 @@ static void fill_rows(char *dst, int64_t bytes, const char *pattern, int64_t row
 }
 
 #define DEFINE_CONVERSIONS(SUFFIX, INDEX)                                                      \
+  /* Whether every sample's length offsets[b + 1] - offsets[b] lies in [0, width]. */         \
+  static int lengths_fit_##SUFFIX(const INDEX *offsets, int64_t batch, int64_t width) {      \
+    for (int64_t b = 0; b < batch; ++b) {                                                    \
+      int64_t n = (int64_t)offsets[b + 1] - (int64_t)offsets[b];                             \
+      if (n < 0 || n > width) return 0;                                                      \
+    }                                                                                        \
+    return 1;                                                                                \
+  }                                                                                          \
+                                                                                             \
   /* (total, row) packed -> (batch, width, row) padded. Contract: offsets non-decreasing,    \
    * within [0, total], no sample longer than width. */                                     \
   int nb_packed_to_padded_##SUFFIX(const char *values, int64_t total, const INDEX *offsets,  \
                                    int64_t batch, int64_t width, int64_t row_bytes,          \
                                    const char *pattern, char *out) {                         \
     if (batch > 0 && (offsets[0] < 0 || offsets[batch] > total)) return -1;                  \
-    for (int64_t b = 0; b < batch; ++b) {                                                    \
-      int64_t n = (int64_t)offsets[b + 1] - (int64_t)offsets[b];                             \
-      if (n < 0 || n > width) return -1;                                                     \
-    }                                                                                        \
+    if (!lengths_fit_##SUFFIX(offsets, batch, width)) return -1;                            \
     const int64_t sample_bytes = width * row_bytes;                                          \
     for (int64_t b = 0; b < batch; ++b) {                                                    \
       const int64_t start = offsets[b], n = (int64_t)offsets[b + 1] - start;                 \
@@ -64,10 +70,7 @@ static void fill_rows(char *dst, int64_t bytes, const char *pattern, int64_t row
                                    int64_t row_bytes, const INDEX *offsets, int64_t total,   \
                                    char *out) {                                              \
     if (offsets[0] != 0 || offsets[batch] != total) return -1;                               \
-    for (int64_t b = 0; b < batch; ++b) {                                                    \
-      int64_t n = (int64_t)offsets[b + 1] - (int64_t)offsets[b];                             \
-      if (n < 0 || n > width) return -1;                                                     \
-    }                                                                                        \
+    if (!lengths_fit_##SUFFIX(offsets, batch, width)) return -1;                            \
     const int64_t sample_bytes = width * row_bytes;                                          \
     for (int64_t b = 0; b < batch; ++b) {                                                    \
       const int64_t start = offsets[b], n = (int64_t)offsets[b + 1] - start;                 \
