@@ -20,6 +20,7 @@ EXAMPLES = {
     "distributed_gather.py": "boxes per image on every rank: [3, 0, 1, 4, 2]",
     "documents.py": "padded to (B, max sentences, max tokens, features): (3, 3, 5, 8)",
     "left_padded_prompts.py": "last position read back: True",
+    "moe_dispatch.py": "loss equals the single-process reference: True",
     "train_lm_packed.py": "float64: padded, bucketed and packed losses and gradients agree: True",
 }
 
