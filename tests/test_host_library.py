@@ -125,3 +125,13 @@ def test_indices_outside_their_dim_are_left_to_the_reference():
     # A padded slot's index is never read.
     assert host_library.gather_rows(data, torch.tensor([[0, 99], [1, 2]]), torch.tensor([1, 2]),
                                     0) is not None
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_a_cache_directory_others_can_write_is_not_used(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # another user could place a library there: never loaded
+    status = _status_in_a_fresh_process(NESTBATCH_CACHE_DIR=str(shared))
+    assert status.startswith("PyTorch") and "private" in status
+    assert not list(shared.iterdir())

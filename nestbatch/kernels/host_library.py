@@ -5,7 +5,7 @@ The library is plain C over bytes (no torch headers), so the system's C compiler
 fraction of a second, for every torch release. It is built once per machine into
 ``$NESTBATCH_CACHE_DIR`` (default ``~/.cache/nestbatch``) under a name that carries a hash of
 the source and of the compiler command, and reused by every later process. Where it cannot be
-built (no compiler, a read-only home and temporary directory, Windows) or
+built (no compiler, no private writable cache directory, Windows) or
 ``NESTBATCH_DISABLE_HOST_KERNELS=1`` is set, :func:`library` returns ``None`` and the
 conversions run on their PyTorch implementation; :func:`status` says which and why.
 
@@ -99,21 +99,33 @@ def _built_library() -> Path:
     digest = hashlib.sha256(source.read_bytes() + repr(command).encode()).hexdigest()[:16]
     for directory in _cache_dirs():
         target = directory / f"host_kernels_{digest}.so"
-        if target.is_file():
-            return target
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            return _compile(command, source, target)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _private(directory):
+                continue
+            return target if target.is_file() else _compile(command, source, target)
         except OSError:
             continue  # not writable: the next candidate
-    raise RuntimeError("no writable cache directory")
+    raise RuntimeError("no private, writable cache directory")
 
 
 def _cache_dirs() -> list[Path]:
     chosen = os.environ.get("NESTBATCH_CACHE_DIR")
     if chosen:
         return [Path(chosen)]
-    return [Path.home() / ".cache" / "nestbatch", Path(tempfile.gettempdir()) / "nestbatch"]
+    # The temporary directory is shared: a directory of this user's own, checked by _private.
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    return [Path.home() / ".cache" / "nestbatch",
+            Path(tempfile.gettempdir()) / f"nestbatch-{user}"]
+
+
+def _private(directory: Path) -> bool:
+    """Whether only this user can write ``directory``: a library is loaded from it, so another
+    user able to place a file there could run code in this process."""
+    if not hasattr(os, "getuid"):
+        return True
+    info = directory.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 def _compile(command: tuple[str, ...], source: Path, target: Path) -> Path:
