@@ -136,6 +136,11 @@ def test_sampler_shuffles_by_epoch_and_feeds_a_dataloader():
     second = list(sampler)
     assert first != second and sorted(sum(first, [])) == sorted(sum(second, [])) == \
         list(range(200))
+    # Deterministic under the seed: a sampler built again gives the same epochs.
+    again = TokenBudgetBatchSampler(lengths, 64, window=50, seed=3)
+    assert list(again) == first
+    again.set_epoch(1)
+    assert list(again) == second
     samples = [torch.arange(int(n)) for n in lengths]
     loader = DataLoader(samples, batch_sampler=sampler, collate_fn=nb.pack)
     batches = list(loader)
