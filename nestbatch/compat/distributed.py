@@ -386,7 +386,9 @@ def _one_rank(group: Any) -> bool:
 # ------------------------------------------------------------------------------- all_to_all
 def _check_send(batch: Any, send_counts: Any, world: int
                 ) -> tuple[list[int], int, Exception | None]:
-    """``send_counts`` as ints, with the status and error (None) of the local arguments."""
+    """``send_counts`` as ints, with the status and error (None) of the local arguments. A
+    tensor of counts is read on the host: ``world`` ints, a sync if it lives on a GPU (the
+    counts size the exchange, so the host needs them)."""
     if not isinstance(batch, NestedBatch):
         return [0] * world, _BAD_INPUT, _not_a_batch(batch)
     if batch.ragged_dim != 1 or batch.partition.ragged_rank != 1:
@@ -423,7 +425,9 @@ def _exchange_shapes(shapes: Tensor, counts: list[int], feature: tuple[int, ...]
                      ) -> tuple[Tensor, tuple[int, ...]]:
     """Send the ragged shapes ``(B, k)`` of the samples for every rank (then this rank's feature
     shape) as one ``all_to_all_single`` of ints; returns the shapes received ``(n, k)``, on the
-    host, and ``source``'s feature shape (what a rank with no sample of its own adopts)."""
+    host, and ``source``'s feature shape (what a rank with no sample of its own adopts). The
+    shapes are read to the host once (a sync on CUDA, of a size known from the first exchange):
+    the received batch's partition needs them."""
     k, dims = shapes.shape[1], torch.tensor(feature, dtype=torch.int64)
     bounds = [0, *itertools.accumulate(counts)]
     send = torch.cat([piece for a, b in itertools.pairwise(bounds)
@@ -449,7 +453,8 @@ def _host_shapes(batch: NestedBatch) -> Tensor:
 
 
 def _rows_by_rank(lengths: Tensor, counts: Sequence[int]) -> list[int]:
-    """Packed rows of every rank's run of samples: ``lengths (n,)`` summed by ``counts``."""
+    """Packed rows of every rank's run of samples: ``lengths (n,)`` summed by ``counts``
+    (``lengths`` is a host tensor, the shapes :func:`_exchange_shapes` read: no sync)."""
     ends = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int64)
     cumulative = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
     return cumulative[ends].diff().tolist()

@@ -245,6 +245,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return self._cached[1]
 
     def _make_plan(self) -> _Plan:
+        # Host tensors and a CPU generator throughout: the tolist() reads below are no syncs.
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = self._bucketed_order(generator)
         lengths = self._lengths[order].tolist()
@@ -301,7 +302,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
 
 def _host_lengths(lengths: object) -> list[int]:
-    """The lengths as a list of non-negative Python ints (a tensor is read once)."""
+    """The lengths as a list of non-negative Python ints. A tensor is read once, when the
+    sampler is built (a sync if it lives on a GPU): the plan is made on the host."""
     if isinstance(lengths, Tensor):
         if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
             raise TypeError(

@@ -39,9 +39,6 @@ __all__ = [
     "scatter_rows", "status",
 ]
 
-#: Outputs from this size on get memory advised as huge pages (their page faults dominate).
-HUGE_PAGE_BYTES = 2 << 20
-
 _FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC")
 _POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
@@ -151,11 +148,9 @@ def _pattern(like: Tensor, filler: Number) -> Tensor | None:
 
 
 def _output(shape: tuple[int, ...], like: Tensor, out: Tensor | None) -> Tensor:
-    if out is not None:
-        return out
-    if math.prod(shape) * like.element_size() >= HUGE_PAGE_BYTES:
-        return empty_for_write(shape, like=like)
-    return torch.empty(shape, dtype=like.dtype)
+    """``out``, or a fresh output (large ones advised as huge pages: their page faults
+    dominate)."""
+    return empty_for_write(shape, like=like) if out is None else out
 
 
 def _function(name: str, index: Tensor):

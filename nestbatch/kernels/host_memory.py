@@ -85,8 +85,10 @@ def empty_for_write(shape: Sequence[int], like: Tensor) -> Tensor:
     Tensor
         ``shape``, contiguous, uninitialized: the caller must write every element.
     """
-    out = like.new_empty(tuple(shape))
-    page = huge_page_size() if out.device.type == "cpu" else 0
+    out = like.new_empty(shape)
+    if not like.is_cpu:
+        return out
+    page = huge_page_size()
     nbytes = out.numel() * out.element_size()
     if page and nbytes >= MIN_HUGE_PAGES * page:
         start = out.data_ptr()
