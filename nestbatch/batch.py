@@ -50,6 +50,10 @@ class PaddedKey(NamedTuple):
     side: str = "right"
 
 
+#: The key of the default padded layout: zeros on the right.
+_ZERO_FILLER = filler_key(0.0)
+_RIGHT_ZEROS = PaddedKey(_ZERO_FILLER, "right")
+
 _MAX_SAMPLES = 2**31 - 1  # the kernels index samples with int32 grids
 
 # What ``__torch_function__`` calls: the op registry (a layer above this one) plugs its
@@ -375,11 +379,11 @@ class NestedBatch(TensorMethods):
     def _remember(self, layout: RaggedLayout) -> None:
         """Cache the layout the batch is built on, under its key (:meth:`_keep` caches a
         converted one, unless autograd recorded it)."""
-        if isinstance(layout, Padded):
+        if type(layout) is Packed:  # (most batches are built packed: tested first)
+            key = Layout.PACKED
+        elif isinstance(layout, Padded):
             filler = layout.padding_value
             key = PaddedKey(None if filler is None else filler_key(filler), layout.padding_side)
-        elif isinstance(layout, Packed):
-            key = Layout.PACKED
         else:
             key = Layout.LIST
         self._cache[key] = layout
@@ -448,7 +452,11 @@ class NestedBatch(TensorMethods):
             padding_value = 0.0
         if padding_side != "right":
             check_padding_side(padding_side, self.num_ragged_dims)
-        key = PaddedKey(filler_key(padding_value), padding_side)
+            key = PaddedKey(filler_key(padding_value), padding_side)
+        elif type(padding_value) is float and filler_key(padding_value) == _ZERO_FILLER:
+            key = _RIGHT_ZEROS  # the default, whose key is made once
+        else:
+            key = PaddedKey(filler_key(padding_value), padding_side)
         cached = self._cache.get(key)
         if cached is None:
             # Conversions between list and padded go through packed rows: cached ones first.

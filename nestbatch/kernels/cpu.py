@@ -110,28 +110,9 @@ def _aten_jagged_applies(data: Tensor, offsets: Tensor, filler: Number = 0) -> b
         and not (data.requires_grad and torch.is_grad_enabled())
         and data.dtype in KERNEL_DTYPES
         and offsets.dtype in INDEX_DTYPES
-        and _held_exactly(filler, data.dtype)
+        and host_library.held_exactly(filler, data.dtype)
+        and float(filler) == filler  # (int64 fillers beyond 2**53 would be rounded)
     )
-
-
-def _host_library_applies(data: Tensor, index: Tensor, filler: Number, out: Tensor | None
-                          ) -> bool:
-    """Whether the C conversions (:mod:`~nestbatch.kernels.host_library`) may compute a call:
-    where aten's jagged kernels may, on contiguous data, into a contiguous ``out`` if any."""
-    return (_aten_jagged_applies(data, index, filler) and data.is_contiguous()
-            and (out is None or (out.is_contiguous() and out.dtype == data.dtype)))
-
-
-def _held_exactly(filler: Number, dtype: torch.dtype) -> bool:
-    """Whether ``dtype`` holds ``filler`` as given (aten's kernels would convert it silently;
-    elsewhere the fallback path raises torch's error for a filler out of range)."""
-    if dtype.is_floating_point:
-        return type(filler) is float or float(filler) == filler
-    if isinstance(filler, float) and not filler.is_integer():
-        return False
-    low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
-    # (The kernels take a double: int64 fillers beyond 2**53 would be rounded.)
-    return low <= filler <= high and float(filler) == filler
 
 
 def _applies(data: Tensor, index: Tensor) -> bool:
@@ -207,10 +188,9 @@ def packed_to_padded(
     operator on the CPU), written into ``out`` when given (contiguous, of the right shape).
     ``fallback`` computes the same thing where this path does not apply.
     """
-    if _host_library_applies(values, offsets, padding_value, out):
-        result = host_library.packed_to_padded(values, offsets, max_len, padding_value, out)
-        if result is not None:
-            return result
+    result = host_library.packed_to_padded(values, offsets, max_len, padding_value, out)
+    if result is not None:
+        return result
     batch = offsets.shape[0] - 1
     shape = (batch, max_len, *values.shape[1:])
     if (out is None and batch >= LISTED_FROM_SAMPLES and values.shape[0] <= LISTED_ROWS
@@ -270,10 +250,9 @@ def padded_to_packed(
     """``(B, L, *D)`` padded data -> ``(total, *D)`` packed rows (``nestbatch::padded_to_packed``
     on the CPU), written into ``out`` when given (contiguous, of the right shape). ``fallback``
     computes the same thing where this path does not apply."""
-    if _host_library_applies(data, offsets, 0, out):
-        result = host_library.padded_to_packed(data, offsets, total, out)
-        if result is not None:
-            return result
+    result = host_library.padded_to_packed(data, offsets, total, out)
+    if result is not None:
+        return result
     if not _applies(data, offsets):
         return _into(fallback(data, offsets, total), out)
     batch, width = data.shape[:2]
@@ -306,10 +285,9 @@ def padded_to_packed(
 def fill_padding(data: Tensor, sizes: Tensor, value: Number, fallback) -> Tensor:
     """``(B, N, *D)`` with slots ``>= sizes[b]`` set to ``value`` (``nestbatch::fill_padding``
     on the CPU). ``fallback`` computes the same thing where this path does not apply."""
-    if _host_library_applies(data, sizes, value, None) and sizes.dim() == 1:
-        result = host_library.fill_padding(data, sizes, value)
-        if result is not None:
-            return result
+    result = host_library.fill_padding(data, sizes, value)
+    if result is not None:
+        return result
     large = data.numel() * data.element_size() >= ONE_WRITE_FILL_BYTES
     if not (large and _applies(data, sizes)):
         return fallback(data, sizes, value)
@@ -409,10 +387,9 @@ def _valid_slots(sizes: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 
 def _select_access(data: Tensor, indices: Tensor, sizes: Tensor, filler_value: Number) -> Tensor:
-    if _host_library_applies(data, indices, filler_value, None):
-        result = host_library.gather_rows(data, indices, sizes, filler_value)
-        if result is not None:
-            return result
+    result = host_library.gather_rows(data, indices, sizes, filler_value)
+    if result is not None:
+        return result
     # Padded slots may hold any index: read row 0 for them, then overwrite them. ``gather``
     # raises for a valid index outside ``[0, N)``.
     padding = sizes_mask(sizes, indices.shape[1], padding=True)
@@ -434,10 +411,9 @@ def _scattered(source: Tensor, source_indices: Tensor | None, target_indices: Te
     (``source_indices`` ``None``: slot ``j``) for the valid slots: the C library's row copies
     where they apply, else one advanced-indexing write (which raises for an index outside its
     dim, or counts a negative one from the end)."""
-    if _host_library_applies(source, target_indices, 0, out):
-        done = host_library.scatter_rows(source, source_indices, target_indices, sizes, out)
-        if done is not None:
-            return done
+    done = host_library.scatter_rows(source, source_indices, target_indices, sizes, out)
+    if done is not None:
+        return done
     b, j = _valid_slots(sizes, target_indices.shape[1])
     rows = source[b, j] if source_indices is None else source[b, source_indices[b, j]]
     out[b, target_indices[b, j]] = rows

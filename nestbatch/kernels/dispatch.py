@@ -28,9 +28,16 @@ def call(name: str, *args: object) -> object:
     (``pad_sequence``'s; 75x slower at 256 samples).
     """
     first = args[0]
+    if type(first) is Tensor and first.is_cpu and not torch.compiler.is_compiling():
+        # runs_on_host, inline (a FakeTensor is a subclass): every host conversion comes here
+        if torch.is_grad_enabled():
+            for arg in args:
+                if isinstance(arg, Tensor) and arg.requires_grad:
+                    return getattr(_ops, name)(*args)
+        return CPU[name](*args)
     if isinstance(first, FakeTensor) or torch.compiler.is_compiling():
         return getattr(_ops, name)(*args)
-    if first.is_cpu:  # runs_on_host, inline
+    if first.is_cpu:  # (subclasses of Tensor: nn.Parameter, ...)
         if torch.is_grad_enabled() and _any_requires_grad(args):
             return getattr(_ops, name)(*args)
         return CPU[name](*args)

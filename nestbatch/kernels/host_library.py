@@ -10,8 +10,11 @@ built (no compiler, no private writable cache directory, Windows) or
 conversions run on their PyTorch implementation; :func:`status` says which and why.
 
 The functions here take host tensors and return ``None`` where the C path does not apply (no
-library, offsets outside its contract): the caller then runs the PyTorch implementation.
-ctypes releases the GIL during the call.
+library, tensors not contiguous, a filler the dtype does not hold, offsets outside the C
+function's contract): the caller then runs the PyTorch implementation. Each decides that itself,
+inline, in the one frame it adds to a host conversion. Rows are bytes to the C functions, so
+every dtype takes this path. Callers run it only where autograd records nothing (the operators'
+CPU implementations). ctypes releases the GIL during the call.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from torch import Tensor
 from torch.types import Number
 
 from nestbatch.kernels.build_config import HOST_SOURCE, csrc_dir
-from nestbatch.kernels.host_memory import empty_for_write
+from nestbatch.kernels.host_memory import MIN_HUGE_PAGES, empty_for_write
 
 __all__ = [
-    "fill_padding", "gather_rows", "library", "packed_to_padded", "padded_to_packed",
-    "scatter_rows", "status",
+    "fill_padding", "gather_rows", "held_exactly", "library", "packed_to_padded",
+    "padded_to_packed", "scatter_rows", "status",
 ]
 
 _FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC")
@@ -139,25 +142,60 @@ def _compile(command: tuple[str, ...], source: Path, target: Path) -> Path:
     return target
 
 
+def held_exactly(filler: Number, dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` holds ``filler`` as given: any real number for a floating dtype (as
+    torch rounds it), an integer in range otherwise. Elsewhere the PyTorch implementations run,
+    which raise torch's error for a filler out of range or define the conversion."""
+    if dtype.is_floating_point:
+        return type(filler) is float or float(filler) == filler
+    if dtype.is_complex:
+        return True  # (fillers are real numbers)
+    if isinstance(filler, float) and not filler.is_integer():
+        return False
+    low, high = (0, 1) if dtype == torch.bool else (torch.iinfo(dtype).min, torch.iinfo(dtype).max)
+    return low <= filler <= high
+
+
 def _pattern(like: Tensor, filler: Number) -> Tensor | None:
     """One row (``like.shape[2:]``) of ``filler`` in ``like``'s dtype, or ``None`` where the
     filler is all-zero bytes (a memset)."""
-    if filler == 0 and not (isinstance(filler, float) and math.copysign(1.0, filler) < 0):
+    if filler == 0 and not (type(filler) is float and math.copysign(1.0, filler) < 0):
         return None  # (-0.0 is not all-zero bytes)
     return like.new_full(like.shape[2:], filler)
 
 
-def _output(shape: tuple[int, ...], like: Tensor, out: Tensor | None) -> Tensor:
-    """``out``, or a fresh output (large ones advised as huge pages: their page faults
-    dominate)."""
-    return empty_for_write(shape, like=like) if out is None else out
+#: Outputs from this size may be advised as huge pages (:func:`empty_for_write` decides, for
+#: the system's huge page size, 2 MiB or more); smaller ones are a plain ``new_empty``.
+_HUGE_PAGE_CANDIDATE_BYTES = MIN_HUGE_PAGES << 21
+
+
+def _output(shape: tuple[int, ...], nbytes: int, like: Tensor, out: Tensor | None
+            ) -> Tensor | None:
+    """``out`` when it fits the C path (contiguous, ``like``'s dtype; else ``None``), or a fresh
+    output of ``shape`` (``nbytes`` of it)."""
+    if out is not None:
+        return out if out.is_contiguous() and out.dtype == like.dtype else None
+    if nbytes < _HUGE_PAGE_CANDIDATE_BYTES:
+        return like.new_empty(*shape)  # (sizes as arguments: parsed faster than a tuple)
+    return empty_for_write(shape, like=like)
 
 
 def _function(name: str, index: Tensor):
-    functions = library()
-    if functions is None or not index.is_contiguous():
+    """The C function ``name`` for ``index``'s dtype, or ``None`` (no library, an index not
+    contiguous on the host)."""
+    functions = _functions if _functions is not None else _load()
+    if not (index.is_cpu and index.is_contiguous()):
         return None
     return functions.get((name, index.dtype))
+
+
+def _load() -> dict:
+    global _functions
+    _functions = library() or {}
+    return _functions
+
+
+_functions: dict | None = None  # library() once loaded ({} where absent): one global read
 
 
 def _address(pattern: Tensor | None) -> int | None:
@@ -168,44 +206,58 @@ def _row_bytes(data: Tensor, leading: int) -> int:
     return math.prod(data.shape[leading:]) * data.element_size()
 
 
+# The conversions below run on every host conversion a batch makes: each is one frame plus the
+# C call, its applicability checks inline.
 def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number,
                      out: Tensor | None = None) -> Tensor | None:
-    """``(total, *D)`` contiguous host rows -> ``(B, width, *D)`` (into ``out`` when given:
-    contiguous, that shape, that dtype), or ``None`` where the C path does not apply
-    (``filler`` must already be checked against the dtype)."""
+    """``(total, *D)`` host rows -> ``(B, width, *D)`` (into ``out`` when given: that shape),
+    or ``None`` where the C path does not apply (no library; ``values``, ``offsets`` or ``out``
+    not contiguous or ``out`` of another dtype; a filler ``held_exactly`` refuses; offsets
+    outside the C function's contract)."""
     function = _function("packed_to_padded", offsets)
-    if function is None:
+    if function is None or not values.is_contiguous() or (
+            filler != 0 and not held_exactly(filler, values.dtype)):
         return None
     batch = offsets.shape[0] - 1
-    result = _output((batch, width, *values.shape[1:]), values, out)
+    row_bytes = _row_bytes(values, 1)
+    result = _output((batch, width, *values.shape[1:]), batch * width * row_bytes, values, out)
+    if result is None:
+        return None
     pattern = _pattern(result, filler)
     code = function(values.data_ptr(), values.shape[0], offsets.data_ptr(), batch, width,
-                    _row_bytes(values, 1), _address(pattern), result.data_ptr())
+                    row_bytes, None if pattern is None else pattern.data_ptr(),
+                    result.data_ptr())
     return result if code == 0 else None
 
 
 def padded_to_packed(data: Tensor, offsets: Tensor, total: int, out: Tensor | None = None
                      ) -> Tensor | None:
-    """``(B, L, *D)`` contiguous host data -> ``(total, *D)`` rows (into ``out`` when given),
-    or ``None`` where the C path does not apply."""
+    """``(B, L, *D)`` host data -> ``(total, *D)`` rows (into ``out`` when given), or ``None``
+    where the C path does not apply (as :func:`packed_to_padded`)."""
     function = _function("padded_to_packed", offsets)
-    if function is None:
+    if function is None or not data.is_contiguous():
         return None
-    result = _output((total, *data.shape[2:]), data, out)
-    code = function(data.data_ptr(), data.shape[0], data.shape[1], _row_bytes(data, 2),
+    row_bytes = _row_bytes(data, 2)
+    result = _output((total, *data.shape[2:]), total * row_bytes, data, out)
+    if result is None:
+        return None
+    code = function(data.data_ptr(), data.shape[0], data.shape[1], row_bytes,
                     offsets.data_ptr(), total, result.data_ptr())
     return result if code == 0 else None
 
 
 def fill_padding(data: Tensor, sizes: Tensor, filler: Number) -> Tensor | None:
-    """``(B, N, *D)`` contiguous host data with slots ``>= sizes[b]`` set to ``filler``, as a
-    new tensor, or ``None`` where the C path does not apply."""
+    """``(B, N, *D)`` host data with slots ``>= sizes[b]`` set to ``filler``, as a new tensor,
+    or ``None`` where the C path does not apply (as :func:`packed_to_padded`; ``sizes`` not
+    1-d)."""
     function = _function("fill_padding", sizes)
-    if function is None:
+    if function is None or not data.is_contiguous() or sizes.dim() != 1 or (
+            filler != 0 and not held_exactly(filler, data.dtype)):
         return None
-    result = _output(tuple(data.shape), data, None)
+    row_bytes = _row_bytes(data, 2)
+    result = _output(tuple(data.shape), data.shape[0] * data.shape[1] * row_bytes, data, None)
     pattern = _pattern(result, filler)
-    function(data.data_ptr(), data.shape[0], data.shape[1], _row_bytes(data, 2),
+    function(data.data_ptr(), data.shape[0], data.shape[1], row_bytes,
              sizes.data_ptr(), _address(pattern), result.data_ptr())
     return result
 
@@ -222,14 +274,17 @@ def _indices_function(name: str, *indices: Tensor):
 def gather_rows(data: Tensor, indices: Tensor, sizes: Tensor, filler: Number) -> Tensor | None:
     """``(B, M, *D)``: ``data[b, indices[b, j]]`` for ``j < sizes[b]``, ``filler`` elsewhere;
     ``data`` ``(B, N, *D)`` contiguous, ``indices`` ``(B, M)``. ``None`` where the C path does
-    not apply (an index of a valid slot outside ``[0, N)`` included)."""
+    not apply (as :func:`packed_to_padded`; an index of a valid slot outside ``[0, N)``
+    included)."""
     function = _indices_function("gather_rows", indices, sizes)
-    if function is None:
+    if function is None or not data.is_contiguous() or (
+            filler != 0 and not held_exactly(filler, data.dtype)):
         return None
     batch, width = indices.shape
-    result = _output((batch, width, *data.shape[2:]), data, None)
+    row_bytes = _row_bytes(data, 2)
+    result = _output((batch, width, *data.shape[2:]), batch * width * row_bytes, data, None)
     pattern = _pattern(result, filler)
-    code = function(data.data_ptr(), batch, data.shape[1], _row_bytes(data, 2),
+    code = function(data.data_ptr(), batch, data.shape[1], row_bytes,
                     indices.data_ptr(), width, sizes.data_ptr(), _address(pattern),
                     result.data_ptr())
     return result if code == 0 else None
@@ -240,12 +295,13 @@ def scatter_rows(source: Tensor, source_indices: Tensor | None, target_indices: 
     """``out`` (``(B, T, *D)``, contiguous, holding what the other slots keep) with
     ``out[b, target_indices[b, j]] = source[b, source_indices[b, j]]`` (``source_indices``
     ``None``: slot ``j``) for ``j < sizes[b]``, in slot order; ``source`` ``(B, S, *D)``
-    contiguous. ``None`` where the C path does not apply (an index outside its dim included:
-    ``out`` may then be partly written)."""
+    contiguous. ``None`` where the C path does not apply (as :func:`packed_to_padded`; an index
+    outside its dim included: ``out`` may then be partly written)."""
     indices = (target_indices, sizes) if source_indices is None else \
         (target_indices, sizes, source_indices)
     function = _indices_function("scatter_rows", *indices)
-    if function is None:
+    if function is None or not (source.is_contiguous() and out.is_contiguous()
+                                and out.dtype == source.dtype):
         return None
     batch, width = target_indices.shape
     code = function(source.data_ptr(), source.shape[1], _address(source_indices),
