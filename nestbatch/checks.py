@@ -499,8 +499,13 @@ def check_padded_sizes(data: Tensor, sizes: Tensor, name: str, read_values: bool
     if not read_values or sizes.numel() == 0:
         return
     capacity = list(data.shape[1 : 1 + k])
-    limit = torch.as_tensor(capacity, dtype=sizes.dtype, device=sizes.device)
-    if bool(((sizes < 0) | (sizes > limit)).any()):
+    if sizes.is_cpu:  # host sizes: their extremes read at once (one op, no sync)
+        smallest, largest = (extreme.tolist() for extreme in torch.aminmax(sizes, dim=0))
+        fits = min(smallest) >= 0 and all(map(operator.le, largest, capacity))
+    else:
+        limit = torch.as_tensor(capacity, dtype=sizes.dtype, device=sizes.device)
+        fits = not bool(((sizes < 0) | (sizes > limit)).any())
+    if not fits:
         if bool((sizes < 0).any()):  # the error path reads more, to say which
             raise negative_error(name, sizes.tolist())
         raise ValueError(

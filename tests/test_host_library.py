@@ -135,3 +135,28 @@ def test_a_cache_directory_others_can_write_is_not_used(tmp_path):
     status = _status_in_a_fresh_process(NESTBATCH_CACHE_DIR=str(shared))
     assert status.startswith("PyTorch") and "private" in status
     assert not list(shared.iterdir())
+
+
+def test_every_dtype_and_exact_integer_fillers_take_the_c_path():
+    """Rows are bytes: complex rows and int64 fillers beyond 2**53 (which a double would round)
+    are written bit for bit by the C path, not handed back."""
+    offsets = torch.tensor([0, 2, 3])
+    values = torch.tensor([[1 + 2j], [3 - 4j], [5j]], dtype=torch.complex64)
+    padded = host_library.packed_to_padded(values, offsets, 3, 1.5)
+    _same_bits(padded, operators.packed_to_padded_torch(values, offsets, 3, 1.5))
+    _same_bits(host_library.padded_to_packed(padded, offsets, 3), values)
+    big = 2**53 + 1
+    values = torch.tensor([[1], [2], [3]])
+    padded = host_library.packed_to_padded(values, offsets, 3, big)
+    assert padded is not None and padded[1, 2, 0].item() == big
+
+
+def test_outputs_and_fillers_outside_the_c_path_are_handed_back():
+    values, offsets = torch.ones(3, 2), torch.tensor([0, 2, 3])
+    assert host_library.packed_to_padded(values, offsets, 2, 0.0, torch.empty(2, 2, 2).double()) \
+        is None  # out of another dtype
+    assert host_library.packed_to_padded(values, offsets, 2, 0.0,
+                                         torch.empty(2, 2, 4)[..., ::2]) is None  # strided out
+    assert host_library.packed_to_padded(values.long(), offsets, 2, 0.5) is None
+    assert host_library.packed_to_padded(values.to(torch.uint8), offsets, 2, -1) is None
+    assert host_library.packed_to_padded(values.t().contiguous().t(), offsets, 2, 0.0) is None
