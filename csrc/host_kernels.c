@@ -1,10 +1,10 @@
 /* The packed <-> padded conversions and the batched row gathers / scatters on the CPU, as
  * plain C over bytes.
  *
- * nestbatch loads this library with ctypes (nestbatch/kernels/host_library.py), compiling it on
- * first use with the system's C compiler: no torch headers, so it builds in a fraction of a
- * second and works with every torch release. Where no compiler exists the conversions run on
- * their PyTorch implementation.
+ * nestbatch compiles it on first use, inside the Python module of csrc/host_module.c
+ * (nestbatch/kernels/host_library.py), with the system's C compiler: no torch headers, so it
+ * builds in a fraction of a second and works with every torch release. Where no compiler or no
+ * Python headers exist the conversions run on their PyTorch implementation.
  *
  * Why not aten's or FBGEMM's kernels: they cost 10-15 us of fixed work per call (dispatch,
  * per-element index arithmetic), and aten's copies run parallel regions, which stall for a

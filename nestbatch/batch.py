@@ -183,6 +183,7 @@ class NestedBatch(TensorMethods):
             partition = RowPartition.from_host_lengths(
                 host.sizes, values.device, max_len=host.largest if max_len is None else max_len,
                 total=host.total, traceable=True, as_tensor=host.as_tensor,
+                offsets_bytes=host.offsets,
             )
             return cls.trusted(Packed.trusted(values, partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
@@ -356,7 +357,7 @@ class NestedBatch(TensorMethods):
                 check_host_lengths_fit(data, host)  # (called to raise: no frame otherwise)
             partition = RowPartition.from_host_lengths(
                 host.sizes, data.device, max_len=host.largest, total=host.total, traceable=True,
-                as_tensor=host.as_tensor,
+                as_tensor=host.as_tensor, offsets_bytes=host.offsets,
             )
             padded = Padded.trusted(data, partition, padding_value)
             if padding_side != "right":

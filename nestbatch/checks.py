@@ -35,6 +35,7 @@ from nestbatch.kernels.checks import (
     negative_error,
 )
 from nestbatch.kernels.dispatch import making_fake_tensors
+from nestbatch.kernels.host_library import host_sizes
 from nestbatch.kernels.torch_impl import sizes_mask
 
 # Re-exported: these checks live with the kernels, a leaf the kernels' own functions share.
@@ -191,12 +192,14 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
 
 class HostSizes(NamedTuple):
     """Non-negative host sizes and what checks of them need: their sum and largest entry, and
-    for many sizes the ``int64`` host tensor they were read into (reused for the offsets)."""
+    either their ``int64`` offsets as bytes (when one C pass read them) or, for many sizes, the
+    ``int64`` host tensor they were read into (both reused for the offsets)."""
 
     sizes: tuple[int, ...]
     total: int
     largest: int
     as_tensor: Tensor | None
+    offsets: bytearray | None = None
 
 
 #: From this many sizes on, their sum, extremes and offsets come from one host tensor (C
@@ -214,6 +217,12 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
     ValueError
         If a size is negative, or too large for int64.
     """
+    read = host_sizes(value)  # a list or tuple of ints, in one C pass (else None)
+    if read is not None:
+        offsets, total, smallest, largest = read
+        if smallest < 0:
+            raise negative_error(name, f"{smallest} in {list(value)}")
+        return tuple.__new__(HostSizes, (tuple(value), total, largest, None, offsets))
     # host_ints' first test, inline: this is on every batch built from host sizes (~1 us a call)
     if type(value) in (list, tuple) and set(map(type, value)) <= _INT_TYPE:
         sizes = tuple(value)
@@ -231,7 +240,7 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
         smallest, largest, total = int(low), int(high), int(tensor.sum())
     if smallest < 0:
         raise negative_error(name, f"{smallest} in {list(sizes)}")
-    return tuple.__new__(HostSizes, (sizes, total, largest, tensor))  # (no __new__ frame)
+    return tuple.__new__(HostSizes, (sizes, total, largest, tensor, None))  # (no __new__ frame)
 
 
 def read_device_values(values: Tensor) -> list:

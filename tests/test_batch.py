@@ -284,8 +284,11 @@ def test_padded_of_batch_matches_reference(case):
     assert torch.equal(NestedBatch(batch.packed()).padded().data, expected)
 
 
+@pytest.mark.parametrize("c_pass", [True, False])  # host_library.host_sizes, or Python alone
 @pytest.mark.parametrize("count", [3, 200])  # below and above MANY_SIZES (read into C)
-def test_many_host_lengths_are_checked_like_few(count):
+def test_many_host_lengths_are_checked_like_few(count, c_pass, monkeypatch):
+    if not c_pass:
+        monkeypatch.setattr("nestbatch.checks.host_sizes", lambda sizes: None)
     lengths = [i % 5 for i in range(count)]
     values = torch.randn(sum(lengths), 2)
     batch = NestedBatch.from_lengths(values, lengths)

@@ -160,3 +160,29 @@ def test_outputs_and_fillers_outside_the_c_path_are_handed_back():
     assert host_library.packed_to_padded(values.long(), offsets, 2, 0.5) is None
     assert host_library.packed_to_padded(values.to(torch.uint8), offsets, 2, -1) is None
     assert host_library.packed_to_padded(values.t().contiguous().t(), offsets, 2, 0.0) is None
+
+
+def test_host_sizes_reads_lists_of_ints_in_one_pass():
+    if host_library.library() is None:
+        pytest.skip("no C module here")
+    offsets, total, smallest, largest = host_library.host_sizes([3, 0, 5, 2])
+    assert torch.frombuffer(offsets, dtype=torch.int64).tolist() == [0, 3, 3, 8, 10]
+    assert (total, smallest, largest) == (10, 0, 5)
+    offsets, *stats = host_library.host_sizes(())
+    assert torch.frombuffer(offsets, dtype=torch.int64).tolist() == [0] and stats == [0, 0, 0]
+    assert host_library.host_sizes((4, -2))[1:] == (2, -2, 4)  # the caller raises for -2
+    # Everything else is left to the Python checks, which raise the right error or convert.
+    for other in ([1, True], [1, 2.0], [1, torch.tensor(2)], range(3), [2**63], [2**62] * 2,
+                  "12", None):
+        assert host_library.host_sizes(other) is None
+
+
+def test_absent_python_headers_leave_the_pytorch_path(tmp_path):
+    code = ("import sysconfig; paths = sysconfig.get_paths(); paths['include'] = '/nonexistent';"
+            "sysconfig.get_paths = lambda *a, **k: paths;"
+            "from nestbatch.kernels import host_library; print(host_library.status())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT),
+                                 "NESTBATCH_CACHE_DIR": str(tmp_path)}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("PyTorch") and "Python.h" in result.stdout

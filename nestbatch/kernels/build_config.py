@@ -16,6 +16,7 @@ __all__ = [
     "CSRC_SUFFIXES",
     "CUDA_FLAGS",
     "CXX_FLAGS",
+    "HOST_MODULE_SOURCE",
     "HOST_SOURCE",
     "PACKAGED_CSRC_DIR",
     "REPOSITORY_CSRC_DIR",
@@ -26,8 +27,10 @@ __all__ = [
 #: The translation units of the extension, in build order.
 SOURCES = ("bindings.cpp", "packed_padded.cu", "batched_indexing.cu", "mask_indices.cu")
 
-#: The CPU conversions in plain C, loaded with ctypes (:mod:`nestbatch.kernels.host_library`).
+#: The CPU conversions in plain C, and the Python module over them that
+#: :mod:`nestbatch.kernels.host_library` compiles (it includes the former).
 HOST_SOURCE = "host_kernels.c"
+HOST_MODULE_SOURCE = "host_module.c"
 
 #: Every file of ``csrc/`` the builds read (translation units and the headers they include).
 CSRC_SUFFIXES = (".c", ".cpp", ".cu", ".cuh", ".h")

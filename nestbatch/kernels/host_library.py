@@ -1,11 +1,12 @@
 """The C conversions and row gathers / scatters of ``csrc/host_kernels.c``, compiled on first
-use and called with ctypes.
+use into a Python extension module (``csrc/host_module.c``).
 
-The library is plain C over bytes (no torch headers), so the system's C compiler builds it in a
-fraction of a second, for every torch release. It is built once per machine into
-``$NESTBATCH_CACHE_DIR`` (default ``~/.cache/nestbatch``) under a name that carries a hash of
-the source and of the compiler command, and reused by every later process. Where it cannot be
-built (no compiler, no private writable cache directory, Windows) or
+The kernels are plain C over bytes (no torch headers), so the system's C compiler builds the
+module in a fraction of a second, for every torch release, from the Python headers of the
+running interpreter. It is built once per machine and interpreter into ``$NESTBATCH_CACHE_DIR``
+(default ``~/.cache/nestbatch``) under a name that carries a hash of the sources and of the
+compiler command, and reused by every later process. Where it cannot be built (no compiler, no
+``Python.h``, no private writable cache directory, Windows) or
 ``NESTBATCH_DISABLE_HOST_KERNELS=1`` is set, :func:`library` returns ``None`` and the
 conversions run on their PyTorch implementation; :func:`status` says which and why.
 
@@ -14,96 +15,93 @@ library, tensors not contiguous, a filler the dtype does not hold, offsets outsi
 function's contract): the caller then runs the PyTorch implementation. Each decides that itself,
 inline, in the one frame it adds to a host conversion. Rows are bytes to the C functions, so
 every dtype takes this path. Callers run it only where autograd records nothing (the operators'
-CPU implementations). ctypes releases the GIL during the call.
+CPU implementations). The module releases the GIL while a kernel runs.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
+import importlib.util
 import math
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import Tensor
 from torch.types import Number
 
-from nestbatch.kernels.build_config import HOST_SOURCE, csrc_dir
+from nestbatch.kernels.build_config import HOST_MODULE_SOURCE, HOST_SOURCE, csrc_dir
 from nestbatch.kernels.host_memory import MIN_HUGE_PAGES, empty_for_write
 
 __all__ = [
-    "fill_padding", "gather_rows", "held_exactly", "library", "packed_to_padded",
+    "fill_padding", "gather_rows", "held_exactly", "host_sizes", "library", "packed_to_padded",
     "padded_to_packed", "scatter_rows", "status",
 ]
 
-_FLAGS = ("-O3", "-std=c99", "-shared", "-fPIC")
-_POINTER, _INT = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURES = {
-    "packed_to_padded": (_POINTER, _INT, _POINTER, _INT, _INT, _INT, _POINTER, _POINTER),
-    "padded_to_packed": (_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER),
-    "fill_padding": (_POINTER, _INT, _INT, _INT, _POINTER, _POINTER, _POINTER),
-    "gather_rows": (_POINTER, _INT, _INT, _INT, _POINTER, _INT, _POINTER, _POINTER, _POINTER),
-    "scatter_rows": (_POINTER, _INT, _POINTER, _POINTER, _INT, _POINTER, _INT, _INT, _INT,
-                     _POINTER),
-}
-_SUFFIXES = {torch.int64: "i64", torch.int32: "i32"}
+_FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC")
+_MODULE_NAME = "nestbatch_host"  # (its PyInit_ function's name)
+#: The width the C functions take for each index dtype (their int64 / int32 variants).
+_INDEX_BYTES = {torch.int64: 8, torch.int32: 4}
 _status = "not loaded yet"
 
 
 def status() -> str:
-    """How the conversions run on the CPU: the C library's path, or why they use PyTorch."""
+    """How the conversions run on the CPU: the C module's path, or why they use PyTorch."""
     library()
     return _status
 
 
 @functools.cache
-def library() -> dict[tuple[str, torch.dtype], ctypes._CFuncPtr] | None:
-    """``{(function, offsets dtype): C function}``, or ``None`` where the library is missing."""
+def library() -> ModuleType | None:
+    """The compiled module, or ``None`` where it is missing."""
     global _status
     if os.environ.get("NESTBATCH_DISABLE_HOST_KERNELS") == "1":
         _status = "PyTorch: NESTBATCH_DISABLE_HOST_KERNELS=1"
         return None
     try:
         path = _built_library()
-        loaded = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+        spec = importlib.util.spec_from_file_location(_MODULE_NAME, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (OSError, ImportError, subprocess.SubprocessError, RuntimeError) as error:
         _status = f"PyTorch: the C conversions could not be built ({error})"
         return None
-    functions = {}
-    for name, argtypes in _SIGNATURES.items():
-        for dtype, suffix in _SUFFIXES.items():
-            function = getattr(loaded, f"nb_{name}_{suffix}")
-            function.argtypes, function.restype = argtypes, ctypes.c_int
-            functions[name, dtype] = function
-    _status = f"C library {path}"
-    return functions
+    _status = f"C module {path}"
+    return module
 
 
 def _built_library() -> Path:
-    """The compiled library: from the cache, else compiled now (raises where it cannot be)."""
-    source = csrc_dir() / HOST_SOURCE
-    if not source.is_file():
-        raise RuntimeError(f"{source} is missing")
+    """The compiled module: from the cache, else compiled now (raises where it cannot be)."""
+    sources = csrc_dir() / HOST_MODULE_SOURCE, csrc_dir() / HOST_SOURCE
+    for source in sources:
+        if not source.is_file():
+            raise RuntimeError(f"{source} is missing")
     if sys.platform == "win32":
         raise RuntimeError("not built on Windows")
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH")
-    command = (compiler, *_FLAGS)
-    digest = hashlib.sha256(source.read_bytes() + repr(command).encode()).hexdigest()[:16]
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").is_file():
+        raise RuntimeError(f"no Python.h in {include} (the interpreter's development headers)")
+    command = (compiler, *_FLAGS, f"-I{include}", f"-I{sources[0].parent}")
+    text = b"".join(source.read_bytes() for source in sources)
+    digest = hashlib.sha256(text + repr(command).encode()).hexdigest()[:16]
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     for directory in _cache_dirs():
-        target = directory / f"host_kernels_{digest}.so"
+        target = directory / f"host_kernels_{digest}{suffix}"
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not _private(directory):
                 continue
-            return target if target.is_file() else _compile(command, source, target)
+            return target if target.is_file() else _compile(command, sources[0], target)
         except OSError:
             continue  # not writable: the next candidate
     raise RuntimeError("no private, writable cache directory")
@@ -120,7 +118,7 @@ def _cache_dirs() -> list[Path]:
 
 
 def _private(directory: Path) -> bool:
-    """Whether only this user can write ``directory``: a library is loaded from it, so another
+    """Whether only this user can write ``directory``: a module is loaded from it, so another
     user able to place a file there could run code in this process."""
     if not hasattr(os, "getuid"):
         return True
@@ -180,22 +178,35 @@ def _output(shape: tuple[int, ...], nbytes: int, like: Tensor, out: Tensor | Non
     return empty_for_write(shape, like=like)
 
 
-def _function(name: str, index: Tensor):
-    """The C function ``name`` for ``index``'s dtype, or ``None`` (no library, an index not
-    contiguous on the host)."""
-    functions = _functions if _functions is not None else _load()
+def _index_bytes(index: Tensor) -> int | None:
+    """The index width the C functions take for ``index`` (8 or 4), or ``None`` where they do
+    not apply (no module, an index not contiguous on the host or of another dtype)."""
+    if (_module if _module is not None else _load()) is False:
+        return None
     if not (index.is_cpu and index.is_contiguous()):
         return None
-    return functions.get((name, index.dtype))
+    return _INDEX_BYTES.get(index.dtype)
 
 
-def _load() -> dict:
-    global _functions
-    _functions = library() or {}
-    return _functions
+def _load() -> ModuleType | bool:
+    global _module
+    _module = library() or False
+    return _module
 
 
-_functions: dict | None = None  # library() once loaded ({} where absent): one global read
+_module: ModuleType | bool | None = None  # library() once asked (False where absent)
+
+
+def host_sizes(sizes: object) -> tuple[bytearray, int, int, int] | None:
+    """``(offsets, total, smallest, largest)`` of a list or tuple of Python ints, read in one C
+    pass, with ``offsets`` the int64 running sums from 0 (``len(sizes) + 1`` of them, as bytes);
+    ``None`` for anything else (no module; another sequence; bools, NumPy integers; a size or
+    a sum past int64; a function ``torch.compile`` traces, which cannot see into C), which the
+    caller reads in Python."""
+    module = _module if _module is not None else _load()
+    if module is False or torch.compiler.is_compiling():
+        return None
+    return module.host_sizes(sizes)
 
 
 def _address(pattern: Tensor | None) -> int | None:
@@ -214,8 +225,8 @@ def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number
     or ``None`` where the C path does not apply (no library; ``values``, ``offsets`` or ``out``
     not contiguous or ``out`` of another dtype; a filler ``held_exactly`` refuses; offsets
     outside the C function's contract)."""
-    function = _function("packed_to_padded", offsets)
-    if function is None or not values.is_contiguous() or (
+    index_bytes = _index_bytes(offsets)
+    if index_bytes is None or not values.is_contiguous() or (
             filler != 0 and not held_exactly(filler, values.dtype)):
         return None
     batch = offsets.shape[0] - 1
@@ -224,9 +235,9 @@ def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number
     if result is None:
         return None
     pattern = _pattern(result, filler)
-    code = function(values.data_ptr(), values.shape[0], offsets.data_ptr(), batch, width,
-                    row_bytes, None if pattern is None else pattern.data_ptr(),
-                    result.data_ptr())
+    code = _module.packed_to_padded(
+        index_bytes, values.data_ptr(), values.shape[0], offsets.data_ptr(), batch, width,
+        row_bytes, None if pattern is None else pattern.data_ptr(), result.data_ptr())
     return result if code == 0 else None
 
 
@@ -234,15 +245,15 @@ def padded_to_packed(data: Tensor, offsets: Tensor, total: int, out: Tensor | No
                      ) -> Tensor | None:
     """``(B, L, *D)`` host data -> ``(total, *D)`` rows (into ``out`` when given), or ``None``
     where the C path does not apply (as :func:`packed_to_padded`)."""
-    function = _function("padded_to_packed", offsets)
-    if function is None or not data.is_contiguous():
+    index_bytes = _index_bytes(offsets)
+    if index_bytes is None or not data.is_contiguous():
         return None
     row_bytes = _row_bytes(data, 2)
     result = _output((total, *data.shape[2:]), total * row_bytes, data, out)
     if result is None:
         return None
-    code = function(data.data_ptr(), data.shape[0], data.shape[1], row_bytes,
-                    offsets.data_ptr(), total, result.data_ptr())
+    code = _module.padded_to_packed(index_bytes, data.data_ptr(), data.shape[0], data.shape[1],
+                                    row_bytes, offsets.data_ptr(), total, result.data_ptr())
     return result if code == 0 else None
 
 
@@ -250,25 +261,25 @@ def fill_padding(data: Tensor, sizes: Tensor, filler: Number) -> Tensor | None:
     """``(B, N, *D)`` host data with slots ``>= sizes[b]`` set to ``filler``, as a new tensor,
     or ``None`` where the C path does not apply (as :func:`packed_to_padded`; ``sizes`` not
     1-d)."""
-    function = _function("fill_padding", sizes)
-    if function is None or not data.is_contiguous() or sizes.dim() != 1 or (
+    index_bytes = _index_bytes(sizes)
+    if index_bytes is None or not data.is_contiguous() or sizes.dim() != 1 or (
             filler != 0 and not held_exactly(filler, data.dtype)):
         return None
     row_bytes = _row_bytes(data, 2)
     result = _output(tuple(data.shape), data.shape[0] * data.shape[1] * row_bytes, data, None)
     pattern = _pattern(result, filler)
-    function(data.data_ptr(), data.shape[0], data.shape[1], row_bytes,
-             sizes.data_ptr(), _address(pattern), result.data_ptr())
+    _module.fill_padding(index_bytes, data.data_ptr(), data.shape[0], data.shape[1], row_bytes,
+                         sizes.data_ptr(), _address(pattern), result.data_ptr())
     return result
 
 
-def _indices_function(name: str, *indices: Tensor):
-    """The C function for index tensors of one dtype, all contiguous, or ``None``."""
+def _indices_bytes(*indices: Tensor) -> int | None:
+    """:func:`_index_bytes` of index tensors of one dtype, all contiguous, or ``None``."""
     first = indices[0]
     for index in indices[1:]:
         if index.dtype != first.dtype or not index.is_contiguous():
             return None
-    return _function(name, first)
+    return _index_bytes(first)
 
 
 def gather_rows(data: Tensor, indices: Tensor, sizes: Tensor, filler: Number) -> Tensor | None:
@@ -276,17 +287,17 @@ def gather_rows(data: Tensor, indices: Tensor, sizes: Tensor, filler: Number) ->
     ``data`` ``(B, N, *D)`` contiguous, ``indices`` ``(B, M)``. ``None`` where the C path does
     not apply (as :func:`packed_to_padded`; an index of a valid slot outside ``[0, N)``
     included)."""
-    function = _indices_function("gather_rows", indices, sizes)
-    if function is None or not data.is_contiguous() or (
+    index_bytes = _indices_bytes(indices, sizes)
+    if index_bytes is None or not data.is_contiguous() or (
             filler != 0 and not held_exactly(filler, data.dtype)):
         return None
     batch, width = indices.shape
     row_bytes = _row_bytes(data, 2)
     result = _output((batch, width, *data.shape[2:]), batch * width * row_bytes, data, None)
     pattern = _pattern(result, filler)
-    code = function(data.data_ptr(), batch, data.shape[1], row_bytes,
-                    indices.data_ptr(), width, sizes.data_ptr(), _address(pattern),
-                    result.data_ptr())
+    code = _module.gather_rows(index_bytes, data.data_ptr(), batch, data.shape[1], row_bytes,
+                               indices.data_ptr(), width, sizes.data_ptr(), _address(pattern),
+                               result.data_ptr())
     return result if code == 0 else None
 
 
@@ -299,12 +310,13 @@ def scatter_rows(source: Tensor, source_indices: Tensor | None, target_indices: 
     outside its dim included: ``out`` may then be partly written)."""
     indices = (target_indices, sizes) if source_indices is None else \
         (target_indices, sizes, source_indices)
-    function = _indices_function("scatter_rows", *indices)
-    if function is None or not (source.is_contiguous() and out.is_contiguous()
+    index_bytes = _indices_bytes(*indices)
+    if index_bytes is None or not (source.is_contiguous() and out.is_contiguous()
                                 and out.dtype == source.dtype):
         return None
     batch, width = target_indices.shape
-    code = function(source.data_ptr(), source.shape[1], _address(source_indices),
-                    target_indices.data_ptr(), out.shape[1], sizes.data_ptr(), batch, width,
-                    _row_bytes(source, 2), out.data_ptr())
+    code = _module.scatter_rows(index_bytes, source.data_ptr(), source.shape[1],
+                                _address(source_indices), target_indices.data_ptr(),
+                                out.shape[1], sizes.data_ptr(), batch, width,
+                                _row_bytes(source, 2), out.data_ptr())
     return out if code == 0 else None

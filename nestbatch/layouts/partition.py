@@ -161,6 +161,7 @@ class RowPartition:
     def from_host_lengths(
         cls, lengths: Sequence[int], device: torch.device, *, max_len: int | None = None,
         total: int | None = None, traceable: bool = False, as_tensor: Tensor | None = None,
+        offsets_bytes: bytearray | None = None,
     ) -> RowPartition:
         """Partition of a batch with one ragged dim whose lengths (Python ints) are known on the
         host; ``max_len``, when given, at least the largest, ``total`` their sum. No pass over
@@ -168,7 +169,9 @@ class RowPartition:
         (with ``max_len`` and ``total``) makes the offsets now (one small host-to-device copy):
         a function that ``torch.compile`` traces then reads the sizes from the offsets tensor,
         of dynamic length, and two ints, never from the tuple it would specialize on (one graph
-        per batch size). ``as_tensor``: the lengths in an int64 host tensor, if a caller has one.
+        per batch size). ``as_tensor``: the lengths in an int64 host tensor, if a caller has one;
+        ``offsets_bytes``: their int64 offsets as bytes (``checked_host_sizes``' C pass), which
+        ``traceable`` then takes as they are.
         """
         lengths = tuple(lengths)
         partition = cls._blank(len(lengths), 1, device, None if max_len is None else (max_len,))
@@ -176,6 +179,10 @@ class RowPartition:
         partition._host_lengths_tensor = as_tensor
         if not traceable:
             partition._seed(host_lengths=lengths, total=total)
+        elif offsets_bytes is not None and not making_fake_tensors():
+            host_tensor = torch.frombuffer(offsets_bytes, dtype=torch.int64)
+            offsets = partition._to_device(host_tensor)
+            partition._seed(host_lengths=lengths, total=total, offsets=offsets)
         elif len(lengths) > _FEW_SIZES or making_fake_tensors():
             partition._seed(host_lengths=lengths, total=total)
             partition._seed(offsets=partition._host_offsets(torch.int64))
