@@ -3,7 +3,11 @@
 For every size (B samples of 1 to L rows, the last of length L, D float32 features) and every
 operation, the nestbatch public call and each peer are timed interleaved (a block of calls of
 each in turn, up to 20 calls for the small sizes, for a number of rounds that falls with the
-size; the median per call of each), so all see the same machine state:
+size; the median per call of each), so all see the same machine state. Every round takes the
+calls in a fresh order (seeded): a call's time depends on the one before it (which left the
+caches and the allocator's free blocks as they are), and a fixed order favours whichever call
+always follows the same one (one call of FBGEMM's measured 65 and 84 us at 1 MB in two
+positions of one round):
 
 * packed -> padded: ``NestedBatch.from_offsets(values, offsets, max_len=L,
   validate=False).padded()`` (the peers too are told the longest length) against aten's
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -64,14 +69,18 @@ REDUCTIONS = ("sum", "mean", "amax", "amin")
 def interleaved_medians(calls: dict[str, Callable[[], object]], repeat: int, block: int = 1
                         ) -> dict[str, float]:
     """Median seconds per call of every call, timed in turn: ``repeat`` rounds, each timing a
-    block of ``block`` consecutive calls of each (so that the short ones run warm, as in a loop,
-    while all see the same machine state)."""
+    block of ``block`` consecutive calls of each in a fresh order (so that the short ones run
+    warm, as in a loop, while all see the same machine state and none always follows the same
+    call)."""
     for fn in calls.values():
         for _ in range(2):
             fn()
     times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls.items())
+    shuffle = random.Random(0).shuffle
     for _ in range(repeat):
-        for name, fn in calls.items():
+        shuffle(order)  # a fresh order every round: no call always follows the same one
+        for name, fn in order:
             began = time.perf_counter()
             for _ in range(block):
                 fn()
