@@ -209,7 +209,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (~1 minute)")
     parser.add_argument("--busy", type=int, default=os.cpu_count() or 2,
                         help="busy processes for the loaded table (0: skip it)")
-    parser.add_argument("--only", default="", help="only the operations whose name has this")
+    parser.add_argument("--only", default="", help="only the operations whose name has this "
+                        "(->padded, ->packed, sum, mean, amax, amin, 'b * 2 + 1'; a name that "
+                        "starts with '-' goes as --only=NAME)")
     parser.add_argument("--max-mb", type=float, default=300.0, help="skip larger sizes")
     args = parser.parse_args()
     scale = 0.25 if args.quick else 1.0

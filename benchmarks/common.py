@@ -66,7 +66,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title:
         return str(value)
 
     text = [[cell(v) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in text)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in text)]) for i, h in enumerate(headers)]
     if title:
         print(f"\n{title}")
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
