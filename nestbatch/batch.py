@@ -33,6 +33,7 @@ from nestbatch.checks import (
     check_values,
     checked_host_sizes,
     host_ints,
+    host_tensor_sizes,
     normalize_dim,
     read_device_values,
 )
@@ -161,7 +162,9 @@ class NestedBatch(TensorMethods):
             A Python sequence is kept on the host and checked there (no sync ever); its
             offsets are copied to the device once, asynchronously, as the batch is built, so
             that ``torch.compile`` reads the sizes as a tensor of dynamic length rather than
-            specializing on each length. A 1-d integer tensor stays where it is.
+            specializing on each length. So is a 1-d integer tensor in host memory of up to
+            :data:`~nestbatch.checks.HOST_TENSOR_SIZES` sizes (read without a sync); other
+            tensors stay where they are.
         max_len : int, optional
             The padded length: at least the longest sample (checked), and the width of
             :meth:`padded` (saves reading the largest device length later).
@@ -177,6 +180,9 @@ class NestedBatch(TensorMethods):
         """
         check_values(values)
         max_len = None if max_len is None else check_count(max_len, "max_len")
+        if isinstance(lengths, Tensor):
+            listed = host_tensor_sizes(lengths)
+            lengths = lengths if listed is None else listed
         if not isinstance(lengths, Tensor):
             host = checked_host_sizes(lengths, "lengths")
             check_lengths_total(host.total, host.largest, values.shape[0], max_len)
@@ -324,7 +330,9 @@ class NestedBatch(TensorMethods):
         data : Tensor
             ``(B, *padded_shape, *feature)``; shared, not copied.
         lengths : Tensor or sequence of int, optional
-            ``(B,)`` sizes along the one ragged dim.
+            ``(B,)`` sizes along the one ragged dim. A sequence, or a 1-d integer tensor in host
+            memory of up to :data:`~nestbatch.checks.HOST_TENSOR_SIZES` sizes, is checked on
+            the host (no sync now or later; ``validate`` does not apply).
         mask : Tensor, optional
             ``(B, max_len)`` bool prefix mask (True then False in every row; a suffix mask with
             ``padding_side="left"``), instead of lengths.
@@ -341,6 +349,9 @@ class NestedBatch(TensorMethods):
         check_tensor(data, "data")
         if (lengths is None) + (mask is None) + (shape_per_sample is None) != 2:  # (no frame)
             check_one_of(lengths=lengths, mask=mask, shape_per_sample=shape_per_sample)
+        if isinstance(lengths, Tensor):  # host memory: read as a sequence (see from_lengths)
+            listed = host_tensor_sizes(lengths)
+            lengths = lengths if listed is None else listed
         if mask is not None:
             check_tensor(mask, "mask")
             if mask.shape != data.shape[:2]:

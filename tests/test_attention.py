@@ -7,6 +7,7 @@ on every sample alone, with that sample's own mask.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -182,8 +183,8 @@ def test_mask_given_positionally_and_queries_padded_beyond_the_longest():
 def test_sizes_known_only_on_the_device():
     q, k, v = _qkv((2, 3), (3, 1), "LE")
     masks = _sample_masks((2, 3), (3, 1), "float", per_head=False)
-    batches = [NestedBatch.from_lengths(torch.cat(s), torch.tensor([len(t) for t in s]))
-               for s in (q, k, v)]
+    batches = [NestedBatch.from_offsets(torch.cat(s), torch.tensor([0, *itertools.accumulate(
+        len(t) for t in s)])) for s in (q, k, v)]
     flat = torch.cat([m.reshape(-1) for m in masks])
     mask = NestedBatch.from_shapes(flat, torch.tensor([[2, 3], [3, 1]]))
     assert not batches[0].partition.knows_host_shapes

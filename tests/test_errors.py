@@ -91,10 +91,18 @@ def test_lengths_that_do_not_fit_the_padded_data():
         NestedBatch.from_padded(torch.zeros(2, 3), torch.tensor([1, 4]))
     with pytest.raises(ValueError, match="do not fit the padded data"):
         NestedBatch.from_padded(torch.zeros(2, 3), [1, 4])
-    with pytest.raises(ValueError, match="3 samples but data has batch size 2"):
-        NestedBatch.from_padded(torch.zeros(2, 3), torch.tensor([1, 1, 1]))
     with pytest.raises(ValueError, match="has 3 entries"):
         NestedBatch.from_padded(torch.zeros(2, 3), [1, 1, 1])
+    with pytest.raises(ValueError, match="has 3 entries"):  # a host tensor: read as host sizes
+        NestedBatch.from_padded(torch.zeros(2, 3), torch.tensor([1, 1, 1]))
+
+
+def test_lengths_tensors_that_do_not_fit_the_padded_data(monkeypatch):
+    monkeypatch.setattr("nestbatch.checks.HOST_TENSOR_SIZES", 0)  # kept as a tensor
+    with pytest.raises(ValueError, match="do not fit the padded data"):
+        NestedBatch.from_padded(torch.zeros(2, 3), torch.tensor([1, 4]))
+    with pytest.raises(ValueError, match="3 samples but data has batch size 2"):
+        NestedBatch.from_padded(torch.zeros(2, 3), torch.tensor([1, 1, 1]))
 
 
 def test_mask_that_is_not_a_prefix_mask():

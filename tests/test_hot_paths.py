@@ -48,7 +48,9 @@ def test_from_lengths_accepts_numpy_and_tensor_ints():
 
 
 @pytest.mark.parametrize("device_lengths", [False, True])
-def test_a_max_len_below_the_longest_sample_raises(device_lengths):
+def test_a_max_len_below_the_longest_sample_raises(device_lengths, monkeypatch):
+    # (a lengths tensor in host memory is read as host sizes unless it is too long for that)
+    monkeypatch.setattr("nestbatch.checks.HOST_TENSOR_SIZES", 0)
     lengths = torch.tensor([2, 3]) if device_lengths else [2, 3]
     with pytest.raises(ValueError, match="max_len=2 is smaller than the longest sample"):
         NestedBatch.from_lengths(torch.arange(5), lengths, max_len=2)
@@ -413,3 +415,28 @@ def test_segment_fast_path_equals_the_general_path(name, dtype):
     (grad_fast,) = torch.autograd.grad(fast.float().nansum(), values)
     (grad_general,) = torch.autograd.grad(general.float().nansum(), values)
     assert torch.equal(grad_fast, grad_general)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_host_lengths_tensors_are_read_as_host_sizes(dtype):
+    """A 1-d integer lengths tensor in host memory is checked and kept on the host like a list
+    (no device op, no later read); longer ones, and device tensors, stay tensors."""
+    values, lengths = torch.arange(6.0), torch.tensor([2, 0, 4], dtype=dtype)
+    by_tensor, by_list = NestedBatch.from_lengths(values, lengths), \
+        NestedBatch.from_lengths(values, [2, 0, 4])
+    assert by_tensor.partition.knows_host_shapes
+    assert by_tensor.tolist() == by_list.tolist() and by_tensor.offsets.tolist() == [0, 2, 2, 6]
+    padded = by_list.to_padded_tensor()
+    from_data = NestedBatch.from_padded(padded, lengths)
+    assert from_data.partition.knows_host_shapes and from_data.tolist() == by_list.tolist()
+    # Checked even with validate=False (on the host it costs nothing).
+    with pytest.raises(ValueError, match="add up to"):
+        NestedBatch.from_lengths(values, torch.tensor([2, 0, 3], dtype=dtype), validate=False)
+    if dtype.is_signed:
+        with pytest.raises(ValueError, match="non-negative"):
+            NestedBatch.from_padded(padded, torch.tensor([2, -1, 4], dtype=dtype))
+    long = torch.ones(nb.checks.HOST_TENSOR_SIZES + 1, dtype=dtype)
+    batch = NestedBatch.from_lengths(torch.arange(float(long.shape[0])), long)
+    assert not batch.partition.knows_host_shapes and batch.lengths.tolist() == long.tolist()
+    with pytest.raises(TypeError, match="bool|integer"):
+        NestedBatch.from_lengths(values, torch.tensor([True, False]))

@@ -7,6 +7,7 @@ cases is ``tests/test_differential.py``; the syncs are audited in ``tests/test_g
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -21,7 +22,8 @@ INF, NAN = math.inf, math.nan
 
 
 def _builds(samples: list[torch.Tensor]) -> list[NestedBatch]:
-    """The batch of ``samples`` packed and padded, with host and with device sizes."""
+    """The batch of ``samples`` packed and padded, with host and with device sizes (offsets and
+    shapes held in tensors: a 1-d lengths tensor in host memory is read as host sizes)."""
     lengths = [s.shape[0] for s in samples]
     values = torch.cat(samples)
     width = max(lengths) + 1  # padded wider than the longest sample, as a loader might
@@ -30,9 +32,9 @@ def _builds(samples: list[torch.Tensor]) -> list[NestedBatch]:
         data[i, : len(s)] = s
     return [
         NestedBatch.from_lengths(values, lengths),
-        NestedBatch.from_lengths(values, torch.tensor(lengths)),
+        NestedBatch.from_offsets(values, torch.tensor([0, *itertools.accumulate(lengths)])),
         NestedBatch.from_padded(data, lengths),
-        NestedBatch.from_padded(data, torch.tensor(lengths)),
+        NestedBatch.from_padded(data, shape_per_sample=torch.tensor(lengths)[:, None]),
         nb.nested(samples).to(Layout.PADDED),
     ]
 
