@@ -474,7 +474,11 @@ class NestedBatch(TensorMethods):
             # Conversions between list and padded go through packed rows: cached ones first.
             source = self._cache.get(Layout.PACKED)
             source = self._primary if source is None else source
-            cached = self._keep(key, convert.to_padded(source, padding_value, None, padding_side))
+            if key is _RIGHT_ZEROS and type(source) is Packed:  # (to_padded's first case)
+                converted = convert.packed_to_padded(source, padding_value)
+            else:
+                converted = convert.to_padded(source, padding_value, None, padding_side)
+            cached = self._keep(key, converted)
         return cached
 
     def tensor_list(self) -> TensorList:

@@ -194,16 +194,26 @@ def packed_to_padded(
         Sharing ``packed``'s partition.
     """
     partition = packed.partition
-    # The batch's own maximum needs no resolving (the common case: fewer Python layers).
+    # The batch's own maximum needs no resolving, and one ragged dim goes straight to the
+    # operator (the common case: fewer Python layers).
     shape = partition.max_shape if max_shape is None else resolve_padded_shape(partition, max_shape)
-    data = packed_values_to_padded(packed.values, partition, shape, padding_value)
+    if partition.num_ragged_dims == 1:
+        data = kernels.call(
+            "packed_to_padded", packed.values, partition.offsets, shape[0], padding_value
+        )
+    else:
+        data = packed_values_to_padded(packed.values, partition, shape, padding_value)
     return Padded.trusted(data, partition, padding_value)
 
 
 def padded_to_packed(padded: Padded) -> Packed:
     """Convert a :class:`Padded` batch to a :class:`Packed` one (sharing its partition)."""
-    values = padded_data_to_packed(padded.data, padded.partition)
-    return Packed.trusted(values, padded.partition)
+    partition = padded.partition
+    if partition.num_ragged_dims == 1:  # (padded_data_to_packed's common case, inline)
+        values = kernels.call("padded_to_packed", padded.data, partition.offsets, partition.total)
+    else:
+        values = reference_padded_data_to_packed(padded.data, partition)
+    return Packed.trusted(values, partition)
 
 
 def refill_padding(padded: Padded, padding_value: float) -> Padded:

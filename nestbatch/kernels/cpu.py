@@ -94,6 +94,15 @@ LISTED_ROWS = 512
 #: packed -> padded lists its rows from this many samples on (see :data:`LISTED_ROWS`).
 LISTED_FROM_SAMPLES = 8
 
+#: The operators whose CPU implementation starts with a C function of
+#: :mod:`~nestbatch.kernels.host_library` taking the operator's arguments (``None`` where it does
+#: not apply): :func:`nestbatch.kernels.call` calls it first, directly.
+HOST_KERNELS = {
+    "packed_to_padded": host_library.packed_to_padded,
+    "padded_to_packed": host_library.padded_to_packed,
+    "fill_padding": host_library.fill_padding,
+}
+
 # The overloads' C++ entry points: the same call without ``OpOverload.__call__``'s frame.
 _JAGGED_TO_PADDED = torch.ops.aten._jagged_to_padded_dense_forward.default._op
 _PADDED_TO_JAGGED = torch.ops.aten._padded_dense_to_jagged_forward.default._op

@@ -157,7 +157,7 @@ def held_exactly(filler: Number, dtype: torch.dtype) -> bool:
 def _pattern(like: Tensor, filler: Number) -> Tensor | None:
     """One row (``like.shape[2:]``) of ``filler`` in ``like``'s dtype, or ``None`` where the
     filler is all-zero bytes (a memset)."""
-    if filler == 0 and not (type(filler) is float and math.copysign(1.0, filler) < 0):
+    if filler == 0 and math.copysign(1.0, filler) > 0:
         return None  # (-0.0 is not all-zero bytes)
     return like.new_full(like.shape[2:], filler)
 
@@ -217,25 +217,32 @@ def _row_bytes(data: Tensor, leading: int) -> int:
     return math.prod(data.shape[leading:]) * data.element_size()
 
 
-# The conversions below run on every host conversion a batch makes: each is one frame plus the
-# C call, its applicability checks inline.
+# The two conversions below run on every host conversion a batch makes: their checks and the
+# output's allocation are written out inline (the helpers above cost several microseconds when
+# the caches are cold, as they are between large calls).
 def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number,
                      out: Tensor | None = None) -> Tensor | None:
     """``(total, *D)`` host rows -> ``(B, width, *D)`` (into ``out`` when given: that shape),
     or ``None`` where the C path does not apply (no library; ``values``, ``offsets`` or ``out``
     not contiguous or ``out`` of another dtype; a filler ``held_exactly`` refuses; offsets
     outside the C function's contract)."""
-    index_bytes = _index_bytes(offsets)
-    if index_bytes is None or not values.is_contiguous() or (
+    module = _module if _module is not None else _load()
+    index_bytes = _INDEX_BYTES.get(offsets.dtype)
+    if module is False or index_bytes is None or not (
+            offsets.is_cpu and offsets.is_contiguous() and values.is_contiguous()) or (
             filler != 0 and not held_exactly(filler, values.dtype)):
         return None
-    batch = offsets.shape[0] - 1
-    row_bytes = _row_bytes(values, 1)
-    result = _output((batch, width, *values.shape[1:]), batch * width * row_bytes, values, out)
-    if result is None:
-        return None
-    pattern = _pattern(result, filler)
-    code = _module.packed_to_padded(
+    batch, features = offsets.shape[0] - 1, values.shape[1:]
+    row_bytes = math.prod(features) * values.element_size()
+    if out is None and batch * width * row_bytes < _HUGE_PAGE_CANDIDATE_BYTES:
+        result = values.new_empty(batch, width, *features)
+    else:
+        result = _output((batch, width, *features), batch * width * row_bytes, values, out)
+        if result is None:
+            return None
+    # (_pattern's zero test, inline for the default filler)
+    pattern = None if filler == 0 and math.copysign(1.0, filler) > 0 else _pattern(result, filler)
+    code = module.packed_to_padded(
         index_bytes, values.data_ptr(), values.shape[0], offsets.data_ptr(), batch, width,
         row_bytes, None if pattern is None else pattern.data_ptr(), result.data_ptr())
     return result if code == 0 else None
@@ -245,15 +252,21 @@ def padded_to_packed(data: Tensor, offsets: Tensor, total: int, out: Tensor | No
                      ) -> Tensor | None:
     """``(B, L, *D)`` host data -> ``(total, *D)`` rows (into ``out`` when given), or ``None``
     where the C path does not apply (as :func:`packed_to_padded`)."""
-    index_bytes = _index_bytes(offsets)
-    if index_bytes is None or not data.is_contiguous():
+    module = _module if _module is not None else _load()
+    index_bytes = _INDEX_BYTES.get(offsets.dtype)
+    if module is False or index_bytes is None or not (
+            offsets.is_cpu and offsets.is_contiguous() and data.is_contiguous()):
         return None
-    row_bytes = _row_bytes(data, 2)
-    result = _output((total, *data.shape[2:]), total * row_bytes, data, out)
-    if result is None:
-        return None
-    code = _module.padded_to_packed(index_bytes, data.data_ptr(), data.shape[0], data.shape[1],
-                                    row_bytes, offsets.data_ptr(), total, result.data_ptr())
+    features = data.shape[2:]
+    row_bytes = math.prod(features) * data.element_size()
+    if out is None and total * row_bytes < _HUGE_PAGE_CANDIDATE_BYTES:
+        result = data.new_empty(total, *features)
+    else:
+        result = _output((total, *features), total * row_bytes, data, out)
+        if result is None:
+            return None
+    code = module.padded_to_packed(index_bytes, data.data_ptr(), data.shape[0], data.shape[1],
+                                   row_bytes, offsets.data_ptr(), total, result.data_ptr())
     return result if code == 0 else None
 
 
