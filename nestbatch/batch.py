@@ -227,14 +227,13 @@ class NestedBatch(TensorMethods):
             device ops and one read of two numbers (a sync); pass False for trusted offsets on a
             hot path.
         """
-        check_tensor(values, "values")
+        check_values(values)  # (a tensor of at least one dim)
         max_len = None if max_len is None else check_count(max_len, "max_len")
         if not isinstance(offsets, Tensor):
             host = host_ints(offsets, "offsets")
-            check_host_offsets(host, values.shape[0] if values.dim() else 0, max_len)
+            check_host_offsets(host, values.shape[0], max_len)
             lengths = [b - a for a, b in zip(host, host[1:])]
             return cls.from_lengths(values, lengths, max_len=max_len)
-        check_values(values)
         offsets = as_offsets(offsets, values.device)
         if validate:  # the check reads the longest sample: kept, never read again
             longest = check_offsets_on_device(offsets, values.shape[0], max_len)
@@ -426,7 +425,11 @@ class NestedBatch(TensorMethods):
         """
         cached = self._cache.get(Layout.PACKED)
         if cached is None:
-            cached = self._keep(Layout.PACKED, convert.to_packed(self._primary))
+            primary = self._primary
+            if type(primary) is Padded and primary.padding_side == "right":  # (to_packed's case)
+                cached = self._keep(Layout.PACKED, convert.padded_to_packed(primary))
+            else:
+                cached = self._keep(Layout.PACKED, convert.to_packed(primary))
         return cached
 
     def padded(
