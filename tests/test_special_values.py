@@ -319,3 +319,17 @@ def test_half_precision_variance_neither_overflows_nor_underflows(values):
         for name in ("var", "std"):
             got = getattr(torch, name)(b, dim=1)[0]
             assert _same(got, getattr(torch, name)(sample, 0))
+
+
+@pytest.mark.parametrize("how", ["var", "std"])
+def test_variance_of_values_spanning_the_range_is_inf_as_torch_gives(how):
+    """The first-element shift would overflow (-max - max) and give NaN: such samples are not
+    shifted, on packed rows and on padded data alike (found by the differential suite)."""
+    big = torch.finfo(torch.float64).max
+    samples = [torch.tensor(s, dtype=torch.float64) for s in ([big, -big], [1.0, 2.0, 4.0], [])]
+    reduce = getattr(torch, how)
+    expected = [reduce(s).item() if len(s) else float("nan") for s in samples]
+    for b in _builds(samples):
+        got = reduce(b, dim=1).tolist()
+        assert got[0] == expected[0] == float("inf")
+        assert got[1] == pytest.approx(expected[1]) and math.isnan(got[2])

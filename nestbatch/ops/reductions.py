@@ -84,11 +84,7 @@ def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: fl
         return total.log() + shift
     if name in ("var", "std"):
         if values.shape[0]:
-            # Shifted by each sample's first element (the variance does not change): the sum
-            # of the mean pass cannot overflow where the values are huge but close together
-            # (two float32 maxima have variance 0, as torch's Welford kernels give).
-            first = batch.offsets[:-1].clamp(max=values.shape[0] - 1)
-            values = values - values.detach().index_select(0, first)[batch.row_ids]
+            values = _shifted_by_first(values, batch)
         mean = segment_reduce(values, batch, "mean")
         dev = values - mean[batch.row_ids]
         squares = segment_reduce((dev * dev.conj()).real, batch, "sum")
@@ -96,6 +92,24 @@ def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: fl
     if name in ("argmax", "argmin"):
         return _segment_arg(batch, values, name)
     raise _unknown_reduction(name)
+
+
+def _shifted_by_first(values: Tensor, batch: NestedBatch) -> Tensor:
+    """``values`` ``(total, *F)`` less each sample's first row, where that subtraction stays
+    finite (the variance does not change).
+
+    The shift keeps the mean pass's sum from overflowing where the values are huge but close
+    together (two float64 maxima have variance 0, as torch's Welford kernels give). Where the
+    values span most of the range instead, the shift itself would overflow (``-max - max``) and
+    give NaN where torch gives inf: such samples (per feature) are left unshifted.
+    """
+    detached = values.detach()
+    first = batch.offsets[:-1].clamp(max=values.shape[0] - 1)
+    start = detached.index_select(0, first)
+    overflows = torch.isfinite(detached) & ~torch.isfinite(detached - start[batch.row_ids])
+    unsafe = segment_reduce(overflows.to(torch.int64), batch, "amax") > 0
+    shift = torch.where(unsafe, torch.zeros_like(start), start)
+    return values - shift[batch.row_ids]
 
 
 def _finish_var(squares: Tensor, batch: NestedBatch, correction: float, name: str) -> Tensor:
@@ -150,8 +164,13 @@ def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float)
     if name == "logsumexp":
         return data.masked_fill(~mask, float("-inf")).logsumexp(dims)
     if name in ("var", "std"):
-        # Shifted by each sample's first element, as on the packed rows.
-        data = data - data.detach()[(slice(None), *[slice(0, 1)] * k)]
+        # Shifted by each sample's first element where that stays finite, as on the packed
+        # rows (_shifted_by_first).
+        detached = data.detach()
+        start = detached[(slice(None), *[slice(0, 1)] * k)]
+        overflows = torch.isfinite(detached) & ~torch.isfinite(detached - start) & mask
+        unsafe = overflows.flatten(1, k).any(1, keepdim=True).view(start.shape)
+        data = data - torch.where(unsafe, torch.zeros_like(start), start)
         count = _lengths_like(batch, data).to(data.dtype)
         mean = data.masked_fill(~mask, 0).sum(dims, keepdim=True) / count
         dev = (data - mean).masked_fill(~mask, 0)
