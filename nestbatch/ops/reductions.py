@@ -99,7 +99,8 @@ def _shifted_by_first(values: Tensor, batch: NestedBatch) -> Tensor:
     finite (the variance does not change).
 
     The shift keeps the mean pass's sum from overflowing where the values are huge but close
-    together (two float64 maxima have variance 0, as torch's Welford kernels give). Where the
+    together (two float64 maxima have variance 0, the exact value, where torch 2.13's CPU
+    ``torch.var`` gives inf: a known difference, kept for now). Where the
     values span most of the range instead, the shift itself would overflow (``-max - max``) and
     give NaN where torch gives inf: such samples (per feature) are left unshifted.
     """
