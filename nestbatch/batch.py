@@ -180,9 +180,7 @@ class NestedBatch(TensorMethods):
         """
         check_values(values)
         max_len = None if max_len is None else check_count(max_len, "max_len")
-        if isinstance(lengths, Tensor):
-            listed = host_tensor_sizes(lengths)
-            lengths = lengths if listed is None else listed
+        lengths = host_tensor_sizes(lengths)  # (a host tensor: read as a sequence)
         if not isinstance(lengths, Tensor):
             host = checked_host_sizes(lengths, "lengths")
             check_lengths_total(host.total, host.largest, values.shape[0], max_len)
@@ -348,9 +346,7 @@ class NestedBatch(TensorMethods):
         check_tensor(data, "data")
         if (lengths is None) + (mask is None) + (shape_per_sample is None) != 2:  # (no frame)
             check_one_of(lengths=lengths, mask=mask, shape_per_sample=shape_per_sample)
-        if isinstance(lengths, Tensor):  # host memory: read as a sequence (see from_lengths)
-            listed = host_tensor_sizes(lengths)
-            lengths = lengths if listed is None else listed
+        lengths = host_tensor_sizes(lengths)  # (a host tensor: read as a sequence)
         if mask is not None:
             check_tensor(mask, "mask")
             if mask.shape != data.shape[:2]:

@@ -216,16 +216,17 @@ HOST_TENSOR_SIZES = 4096
 _HOST_SIZE_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
 
-def host_tensor_sizes(value: object) -> list[int] | None:
-    """The entries of a 1-d integer tensor in host memory of at most
-    :data:`HOST_TENSOR_SIZES` entries, read without a sync (host memory); ``None`` for
-    anything else (device tensors, other dtypes or shapes, larger ones, fake tensors and graphs
-    being traced, where a list would make the sizes constants), which stays a tensor."""
+def host_tensor_sizes(value: object) -> object:
+    """``value``, or for a 1-d integer tensor in host memory of at most
+    :data:`HOST_TENSOR_SIZES` entries its entries as a list. The ``tolist()`` is no sync: the
+    tensor is in host memory. Everything else is returned as it is (device tensors, other
+    dtypes or shapes, larger ones, fake tensors and graphs being traced, where a list would
+    make the sizes constants)."""
     if (type(value) is Tensor and value.is_cpu and value.dim() == 1
             and value.shape[0] <= HOST_TENSOR_SIZES and value.dtype in _HOST_SIZE_DTYPES
             and not making_fake_tensors()):
         return value.tolist()
-    return None
+    return value
 
 
 def checked_host_sizes(value: object, name: str) -> HostSizes:
@@ -529,7 +530,7 @@ def check_padded_sizes(data: Tensor, sizes: Tensor, name: str, read_values: bool
     if not read_values or sizes.numel() == 0:
         return
     capacity = list(data.shape[1 : 1 + k])
-    if sizes.is_cpu:  # host sizes: their extremes read at once (one op, no sync)
+    if sizes.is_cpu:  # host sizes: their extremes read at once (one op; tolist is no sync)
         smallest, largest = (extreme.tolist() for extreme in torch.aminmax(sizes, dim=0))
         fits = min(smallest) >= 0 and all(map(operator.le, largest, capacity))
     else:

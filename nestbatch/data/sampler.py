@@ -245,7 +245,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return self._cached[1]
 
     def _make_plan(self) -> _Plan:
-        # Host tensors and a CPU generator throughout: the tolist() reads below are no syncs.
+        """This epoch's plan. Its ``tolist()`` reads are no syncs: the lengths are a host tensor
+        and the generator a CPU one throughout (the plan is host data: sample indices)."""
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = self._bucketed_order(generator)
         lengths = self._lengths[order].tolist()
