@@ -15,6 +15,7 @@ from torch import Tensor
 
 from nestbatch import conversions as convert
 from nestbatch.checks import (
+    HostSizes,
     as_index_tensor,
     as_offsets,
     check_batch_indices,
@@ -54,6 +55,7 @@ class PaddedKey(NamedTuple):
 #: The key of the default padded layout: zeros on the right.
 _ZERO_FILLER = filler_key(0.0)
 _RIGHT_ZEROS = PaddedKey(_ZERO_FILLER, "right")
+_RIGHT_UNKNOWN = PaddedKey(None, "right")  # (a batch from padded data of unknown filler)
 
 _MAX_SAMPLES = 2**31 - 1  # the kernels index samples with int32 grids
 
@@ -184,11 +186,8 @@ class NestedBatch(TensorMethods):
         if not isinstance(lengths, Tensor):
             host = checked_host_sizes(lengths, "lengths")
             check_lengths_total(host.total, host.largest, values.shape[0], max_len)
-            partition = RowPartition.from_host_lengths(
-                host.sizes, values.device, max_len=host.largest if max_len is None else max_len,
-                total=host.total, traceable=True, as_tensor=host.as_tensor,
-                offsets_bytes=host.offsets,
-            )
+            partition = _host_partition(
+                host, values.device, host.largest if max_len is None else max_len)
             return cls.trusted(Packed.trusted(values, partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
         partition = RowPartition.from_lengths(lengths, max_len=max_len)
@@ -361,10 +360,7 @@ class NestedBatch(TensorMethods):
             host = checked_host_sizes(lengths, "lengths")
             if data.dim() < 2 or len(host.sizes) != data.shape[0] or host.largest > data.shape[1]:
                 check_host_lengths_fit(data, host)  # (called to raise: no frame otherwise)
-            partition = RowPartition.from_host_lengths(
-                host.sizes, data.device, max_len=host.largest, total=host.total, traceable=True,
-                as_tensor=host.as_tensor, offsets_bytes=host.offsets,
-            )
+            partition = _host_partition(host, data.device, host.largest)
             padded = Padded.trusted(data, partition, padding_value)
             if padding_side != "right":
                 check_padding_side(padding_side, 1)
@@ -389,8 +385,11 @@ class NestedBatch(TensorMethods):
         if type(layout) is Packed:  # (most batches are built packed: tested first)
             key = Layout.PACKED
         elif isinstance(layout, Padded):
-            filler = layout.padding_value
-            key = PaddedKey(None if filler is None else filler_key(filler), layout.padding_side)
+            filler, side = layout.padding_value, layout.padding_side
+            if filler is None and side == "right":
+                key = _RIGHT_UNKNOWN  # (made once: from_padded's common case)
+            else:
+                key = PaddedKey(None if filler is None else filler_key(filler), side)
         else:
             key = Layout.LIST
         self._cache[key] = layout
@@ -1041,6 +1040,16 @@ def forget_derived_layouts(batch: NestedBatch) -> None:
     """Drop every cached layout but the stored one (after its values changed in place)."""
     batch._cache.clear()
     batch._remember(batch._primary)
+
+
+def _host_partition(host: HostSizes, device: torch.device, max_len: int) -> RowPartition:
+    """The traceable partition of checked host lengths (``max_len`` at least the longest): from
+    the offsets bytes of their C pass where there are some, else from the sizes."""
+    if host.offsets is not None:
+        return RowPartition.from_host_offsets(host.sizes, host.offsets, host.total, max_len,
+                                              device)
+    return RowPartition.from_host_lengths(host.sizes, device, max_len=max_len, total=host.total,
+                                          traceable=True, as_tensor=host.as_tensor)
 
 
 def map_stored(batch: NestedBatch, fn: Callable[[Tensor], Tensor]) -> NestedBatch:

@@ -75,6 +75,33 @@ def test_partition_from_a_host_lengths_tensor_derives_what_from_host_lengths_doe
     assert empty.total == 0 and empty.max_shape == (0,) and empty.offsets.tolist() == [0]
 
 
+def test_partition_from_host_offsets_bytes_derives_what_from_host_lengths_does():
+    # The C pass's offsets bytes, as checked_host_sizes hands them over (empty batch included).
+    from gpu_path import fake_cuda
+
+    from nestbatch.kernels import host_library
+
+    for lengths in ([4, 0, 3, 1, 0, 7], []):
+        read = host_library.host_sizes(lengths)
+        if read is None:
+            pytest.skip(f"no C module: {host_library.status()}")
+        offsets, total, _, largest = read
+        made = RowPartition.from_host_offsets(tuple(lengths), offsets, total, largest + 2,
+                                              torch.device("cpu"))
+        listed = RowPartition.from_host_lengths(lengths, torch.device("cpu"), traceable=True,
+                                                max_len=largest + 2, total=total)
+        assert "offsets" in made.__dict__  # made now: a traced function reads them
+        assert made.offsets.dtype == torch.int64
+        assert made.offsets.tolist() == listed.offsets.tolist()
+        assert made.host_lengths == listed.host_lengths and made.total == total
+        assert made.max_shape == (largest + 2,) and made.knows_host_shapes
+        with fake_cuda():  # a factory op only: the offsets are a fake copy on the device
+            fake = RowPartition.from_host_offsets(tuple(lengths), offsets, total, largest,
+                                                  torch.device("cuda"))
+            assert fake.offsets.device.type == "cuda"
+            assert fake.offsets.shape == (len(lengths) + 1,)
+
+
 def test_clamped_partition_cuts_every_longer_sample():
     for batch in (3, 100):  # lengths listed, then read into a host tensor (many samples)
         lengths = [(7 * b) % 11 for b in range(batch)]

@@ -96,7 +96,8 @@ LISTED_FROM_SAMPLES = 8
 
 #: The operators whose CPU implementation starts with a C function of
 #: :mod:`~nestbatch.kernels.host_library` taking the operator's arguments (``None`` where it does
-#: not apply): :func:`nestbatch.kernels.call` calls it first, directly.
+#: not apply): :func:`nestbatch.kernels.call` calls it first, directly, when autograd need not
+#: record the call. Their first argument is their operator's one differentiable input.
 HOST_KERNELS = {
     "packed_to_padded": host_library.packed_to_padded,
     "padded_to_packed": host_library.padded_to_packed,

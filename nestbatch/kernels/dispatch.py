@@ -29,16 +29,18 @@ def call(name: str, *args: object) -> object:
     """
     first = args[0]
     if type(first) is Tensor and first.is_cpu and not torch.compiler.is_compiling():
-        # runs_on_host, inline (a FakeTensor is a subclass): every host conversion comes here
-        if torch.is_grad_enabled():
-            for arg in args:
-                if isinstance(arg, Tensor) and arg.requires_grad:
-                    return getattr(_ops, name)(*args)
+        # runs_on_host, inline (a FakeTensor is a subclass): every host conversion comes here.
         # The C function first, straight from here where it applies: the first step of the CPU
         # implementation, without its frames (each costs several us when the caches are cold).
+        # Its operators' one differentiable input is the first (HOST_KERNELS).
         host = HOST.get(name)
-        result = None if host is None else host(*args)
-        return CPU[name](*args) if result is None else result
+        if host is not None and not (first.requires_grad and torch.is_grad_enabled()):
+            result = host(*args)
+            if result is not None:
+                return result
+        if torch.is_grad_enabled() and _any_requires_grad(args):
+            return getattr(_ops, name)(*args)
+        return CPU[name](*args)
     if isinstance(first, FakeTensor) or torch.compiler.is_compiling():
         return getattr(_ops, name)(*args)
     if first.is_cpu:  # (subclasses of Tensor: nn.Parameter, ...)

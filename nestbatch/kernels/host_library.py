@@ -232,7 +232,8 @@ def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number
             offsets.is_cpu and offsets.is_contiguous() and values.is_contiguous()) or (
             filler != 0 and not held_exactly(filler, values.dtype)):
         return None
-    batch, features = offsets.shape[0] - 1, values.shape[1:]
+    batch = offsets.shape[0] - 1
+    _, *features = values.shape  # (ints: one Size read, and new_empty parses them fastest)
     row_bytes = math.prod(features) * values.element_size()
     if out is None and batch * width * row_bytes < _HUGE_PAGE_CANDIDATE_BYTES:
         result = values.new_empty(batch, width, *features)
@@ -257,7 +258,7 @@ def padded_to_packed(data: Tensor, offsets: Tensor, total: int, out: Tensor | No
     if module is False or index_bytes is None or not (
             offsets.is_cpu and offsets.is_contiguous() and data.is_contiguous()):
         return None
-    features = data.shape[2:]
+    batch, width, *features = data.shape  # (ints: one Size read, parsed fastest by new_empty)
     row_bytes = math.prod(features) * data.element_size()
     if out is None and total * row_bytes < _HUGE_PAGE_CANDIDATE_BYTES:
         result = data.new_empty(total, *features)
@@ -265,8 +266,8 @@ def padded_to_packed(data: Tensor, offsets: Tensor, total: int, out: Tensor | No
         result = _output((total, *features), total * row_bytes, data, out)
         if result is None:
             return None
-    code = module.padded_to_packed(index_bytes, data.data_ptr(), data.shape[0], data.shape[1],
-                                   row_bytes, offsets.data_ptr(), total, result.data_ptr())
+    code = module.padded_to_packed(index_bytes, data.data_ptr(), batch, width, row_bytes,
+                                   offsets.data_ptr(), total, result.data_ptr())
     return result if code == 0 else None
 
 

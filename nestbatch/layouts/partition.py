@@ -161,7 +161,6 @@ class RowPartition:
     def from_host_lengths(
         cls, lengths: Sequence[int], device: torch.device, *, max_len: int | None = None,
         total: int | None = None, traceable: bool = False, as_tensor: Tensor | None = None,
-        offsets_bytes: bytearray | None = None,
     ) -> RowPartition:
         """Partition of a batch with one ragged dim whose lengths (Python ints) are known on the
         host; ``max_len``, when given, at least the largest, ``total`` their sum. No pass over
@@ -169,9 +168,8 @@ class RowPartition:
         (with ``max_len`` and ``total``) makes the offsets now (one small host-to-device copy):
         a function that ``torch.compile`` traces then reads the sizes from the offsets tensor,
         of dynamic length, and two ints, never from the tuple it would specialize on (one graph
-        per batch size). ``as_tensor``: the lengths in an int64 host tensor, if a caller has one;
-        ``offsets_bytes``: their int64 offsets as bytes (``checked_host_sizes``' C pass), which
-        ``traceable`` then takes as they are.
+        per batch size). ``as_tensor``: the lengths in an int64 host tensor, if a caller has one
+        (:meth:`from_host_offsets` takes their offsets as bytes).
         """
         lengths = tuple(lengths)
         partition = cls._blank(len(lengths), 1, device, None if max_len is None else (max_len,))
@@ -179,10 +177,6 @@ class RowPartition:
         partition._host_lengths_tensor = as_tensor
         if not traceable:
             partition._seed(host_lengths=lengths, total=total)
-        elif offsets_bytes is not None and not making_fake_tensors():
-            host_tensor = torch.frombuffer(offsets_bytes, dtype=torch.int64)
-            offsets = partition._to_device(host_tensor)
-            partition._seed(host_lengths=lengths, total=total, offsets=offsets)
         elif len(lengths) > _FEW_SIZES or making_fake_tensors():
             partition._seed(host_lengths=lengths, total=total)
             partition._seed(offsets=partition._host_offsets(torch.int64))
@@ -191,6 +185,26 @@ class RowPartition:
             host_tensor = torch.frombuffer(array.array("q", host), dtype=torch.int64)
             offsets = partition._to_device(host_tensor)
             partition._seed(host_lengths=lengths, total=total, host_offsets=host, offsets=offsets)
+        return partition
+
+    @classmethod
+    def from_host_offsets(
+        cls, lengths: tuple[int, ...], offsets: bytearray, total: int, max_len: int,
+        device: torch.device,
+    ) -> RowPartition:
+        """:meth:`from_host_lengths` with ``traceable=True`` from checked host lengths (a tuple
+        of ints; ``total`` their sum, ``max_len`` at least the longest) and their offsets,
+        ``len(lengths) + 1`` int64 running sums from 0 as bytes (the C pass of
+        :func:`~nestbatch.checks.checked_host_sizes`): the offsets tensor is one ``frombuffer``
+        of them. Positional: every batch built from host lengths comes here, and keyword
+        arguments cost more than the rest of the set-up."""
+        if making_fake_tensors():  # (a factory op only: the traced offsets come from a copy)
+            return cls.from_host_lengths(lengths, device, max_len=max_len, total=total,
+                                         traceable=True)
+        partition = cls._blank(len(lengths), 1, device, (max_len,))
+        partition._sizes_on_host = True
+        offsets = partition._to_device(torch.frombuffer(offsets, dtype=torch.int64))
+        partition._seed(host_lengths=lengths, total=total, offsets=offsets)
         return partition
 
     @classmethod
@@ -405,7 +419,7 @@ class RowPartition:
         from pinned memory instead (the only kind a graph can copy from); the partition keeps
         that buffer alive for the graph's replays.
         """
-        if self._device.type == "cpu":
+        if self._device == _HOST:  # (``device.type`` costs 0.3 us: this runs on every batch)
             return host
         if self._device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             host = host.pin_memory()
@@ -784,6 +798,8 @@ class RowPartition:
         shapes = self.host_shapes if self.knows_host_shapes else "<on device>"
         return f"RowPartition(batch_size={self.batch_size}, shapes={shapes})"
 
+
+_HOST = torch.device("cpu")
 
 #: Up to this many host sizes, Python builtins sum them faster than a round trip through torch.
 _FEW_SIZES = 64
