@@ -333,3 +333,23 @@ def test_variance_of_values_spanning_the_range_is_inf_as_torch_gives(how):
         got = reduce(b, dim=1).tolist()
         assert got[0] == expected[0] == float("inf")
         assert got[1] == pytest.approx(expected[1]) and math.isnan(got[2])
+
+
+@pytest.mark.parametrize("how", ["amin", "amax"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_extremes_over_ragged_and_feature_dims_keep_torchs_first_zero(how, keepdim):
+    """Of equal extremes (0.0 and -0.0) torch keeps the first in row-major order: every row's
+    feature dims before the next row. Reduced rows first, the -0.0 of a later row won (found by
+    the differential suite)."""
+    sign = 1.0 if how == "amin" else -1.0
+    rows = sign * torch.tensor([[[1.0, 0.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 0.0]],
+                                [[-0.0, 0.0], [0.0, 0.0]]])
+    samples = [rows, rows.flip(0), rows[:1]]
+    reduce = getattr(torch, how)
+    for dims in ((1, 2), (1, 3), (1, 2, 3)):
+        inner = tuple(d - 1 for d in dims)
+        expected = torch.stack([reduce(s, dim=inner, keepdim=keepdim) for s in samples])
+        for b in _builds(samples):
+            got = reduce(b, dim=dims, keepdim=keepdim)
+            assert got.shape == expected.shape
+            assert torch.equal(got, expected) and torch.equal(got.signbit(), expected.signbit())

@@ -230,7 +230,9 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
         # computed in float32.)
         dtype = torch.float64
         widened = True
-    if layout is Layout.PADDED and all(batch.max_shape):
+    if features and name in ("amax", "amin"):
+        out, features = _extreme_rows_last(batch, func, name, features, keepdim), ()
+    elif layout is Layout.PADDED and all(batch.max_shape):
         out = _ragged_padded(batch, name, dtype, correction)
     else:
         values = batch.packed().values
@@ -247,6 +249,19 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
             return out.unsqueeze(batch.ragged_dim)  # the ragged dim's logical position
         out = out.view(out.shape[0], *([1] * k), *out.shape[1:])
     return out
+
+
+def _extreme_rows_last(batch: NestedBatch, func: Any, name: str, features: tuple[int, ...],
+                       keepdim: bool) -> Tensor:
+    """``amax`` / ``amin`` over the ragged dim(s) and ``features`` (dims of the packed values):
+    ``(B, *F)`` with the feature dims kept as size 1 where ``keepdim``, else dropped.
+
+    torch keeps the first of equal extremes in row-major order (``0.0`` before ``-0.0``), so
+    the feature dims are reduced inside every row first, then the rows of every sample.
+    """
+    inner = _feature_reduce(func, batch.packed().values, features, True, {})
+    out = segment_reduce(inner, batch, name)
+    return out if keepdim else out.squeeze(features)
 
 
 def _across_samples(batch: NestedBatch, func: Any, name: str, dims: tuple[int, ...],
