@@ -197,7 +197,7 @@ def packed_to_padded(
     # The batch's own maximum needs no resolving, and one ragged dim goes straight to the
     # operator (the common case: fewer Python layers).
     shape = partition.max_shape if max_shape is None else resolve_padded_shape(partition, max_shape)
-    if partition.num_ragged_dims == 1:
+    if len(shape) == 1:  # (one size per ragged dim: num_ragged_dims, without a property frame)
         data = kernels.call(
             "packed_to_padded", packed.values, partition.offsets, shape[0], padding_value
         )

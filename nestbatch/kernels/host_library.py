@@ -232,8 +232,8 @@ def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number
             offsets.is_cpu and offsets.is_contiguous() and values.is_contiguous()) or (
             filler != 0 and not held_exactly(filler, values.dtype)):
         return None
-    batch = offsets.shape[0] - 1
-    _, *features = values.shape  # (ints: one Size read, and new_empty parses them fastest)
+    batch = offsets.numel() - 1  # (1-d offsets)
+    total, *features = values.shape  # (ints: one Size read, and new_empty parses them fastest)
     row_bytes = math.prod(features) * values.element_size()
     if out is None and batch * width * row_bytes < _HUGE_PAGE_CANDIDATE_BYTES:
         result = values.new_empty(batch, width, *features)
@@ -244,7 +244,7 @@ def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number
     # (_pattern's zero test, inline for the default filler)
     pattern = None if filler == 0 and math.copysign(1.0, filler) > 0 else _pattern(result, filler)
     code = module.packed_to_padded(
-        index_bytes, values.data_ptr(), values.shape[0], offsets.data_ptr(), batch, width,
+        index_bytes, values.data_ptr(), total, offsets.data_ptr(), batch, width,
         row_bytes, None if pattern is None else pattern.data_ptr(), result.data_ptr())
     return result if code == 0 else None
 

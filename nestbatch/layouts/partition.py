@@ -245,9 +245,13 @@ class RowPartition:
         """Partition of a batch with one ragged dim, from its offsets ``(B + 1,)`` (int32 or
         int64; kept as given). The lengths are derived on first use; ``row_ids``: the sample of
         every row, when the caller has them (TF's ``value_rowids``)."""
-        max_shape = None if max_len is None else (_size(max_len),)
+        if max_len is None or type(max_len) is int:  # (the common cases: no frame)
+            max_shape = None if max_len is None else (max_len,)
+        else:
+            max_shape = (_size(max_len),)
         partition = cls._blank(offsets.shape[0] - 1, 1, offsets.device, max_shape)
-        total = None if total is None else int(total)
+        if total is not None and type(total) is not int:
+            total = int(total)
         partition._seed(offsets=offsets, total=total, row_ids=row_ids)
         return partition
 
