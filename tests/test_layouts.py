@@ -102,6 +102,19 @@ def test_partition_from_host_offsets_bytes_derives_what_from_host_lengths_does()
             assert fake.offsets.shape == (len(lengths) + 1,)
 
 
+def test_partition_of_host_offsets_knows_whether_a_sample_is_empty():
+    # Offsets in host memory are read without a sync: in Python for few, by tensor ops for many.
+    for offsets, expected in (([0, 2, 2, 7], True), ([0, 3, 5, 7], False), ([0], False),
+                              (list(range(200)), False), ([*range(100), 99, *range(100, 150)],
+                                                            True)):
+        for dtype in (torch.int64, torch.int32):
+            partition = RowPartition.from_offsets(torch.tensor(offsets, dtype=dtype))
+            assert not partition.knows_host_shapes
+            assert partition.host_has_empty is expected
+    on_meta = RowPartition.from_offsets(torch.tensor([0, 2, 2]).to("meta"))
+    assert on_meta.host_has_empty is None  # (elsewhere: reading would be a sync)
+
+
 def test_clamped_partition_cuts_every_longer_sample():
     for batch in (3, 100):  # lengths listed, then read into a host tensor (many samples)
         lengths = [(7 * b) % 11 for b in range(batch)]

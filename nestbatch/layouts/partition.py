@@ -545,14 +545,17 @@ class RowPartition:
 
     @property
     def host_has_empty(self) -> bool | None:
-        """Whether some sample has no element, when known on the host (None otherwise; and
-        while ``torch.compile`` traces, which would specialize its graph on every length).
-        Cached in a private attribute that traced code never reads (a memoized value in the
-        instance dict would be guarded on)."""
-        if not self.knows_host_shapes or torch.compiler.is_compiling():
+        """Whether some sample has no element, when the host knows it or reads it without a
+        sync (offsets in host memory); None otherwise, and while ``torch.compile`` traces,
+        which would specialize its graph on every length. Cached in a private attribute that
+        traced code never reads (a memoized value in the instance dict would be guarded on)."""
+        if torch.compiler.is_compiling():
             return None
         if self._has_empty is None:
-            self._has_empty = 0 in self.host_lengths
+            if self.knows_host_shapes:
+                self._has_empty = 0 in self.host_lengths
+            elif self._device == _HOST and self._levels is None:
+                self._has_empty = _has_equal_neighbours(self.offsets)
         return self._has_empty
 
     # -------------------------------------------------------------------- derived, on the device
@@ -807,6 +810,18 @@ _HOST = torch.device("cpu")
 
 #: Up to this many host sizes, Python builtins sum them faster than a round trip through torch.
 _FEW_SIZES = 64
+
+
+def _has_equal_neighbours(offsets: Tensor) -> bool | None:
+    """Whether host ``offsets`` ``(B + 1,)`` hold an empty sample (two equal neighbours), read
+    without a sync (host memory): in Python for few, by three tensor ops for many; ``None`` for
+    fake tensors, which hold no values."""
+    if type(offsets) is not Tensor:
+        return None
+    if offsets.shape[0] <= _FEW_SIZES:
+        read = offsets.tolist()
+        return any(a == b for a, b in zip(read, read[1:]))
+    return bool((offsets[1:] == offsets[:-1]).any())
 
 
 def _size(value: object) -> int | torch.SymInt:
