@@ -676,7 +676,11 @@ def in_order_sum(red: Reduction, sample: Tensor, dims: tuple[int, ...],
         x = x.masked_fill(x.isnan(), 0)
     moved = x.movedim(dims, tuple(range(len(dims))))
     rows = moved.reshape(math.prod(moved.shape[:len(dims)]), *moved.shape[len(dims):])
-    total = rows.cumsum(0)[-1] if rows.shape[0] else rows.sum(0)
+    # One add at a time (cumsum would not do: on the CPU it accumulates float32 in float64,
+    # where [max, max, -inf] of bfloat16 gives -inf instead of float32's nan).
+    total = rows.sum(0) if not rows.shape[0] else rows[0]
+    for row in rows[1:]:
+        total = total + row
     if red.name == "mean":
         total = total / rows.shape[0]
     if keepdim:
@@ -911,6 +915,16 @@ def test_reductions_over_ragged_and_feature_dims(data: st.DataObject) -> None:
         dims = ragged + tuple(d - nd if data.draw(st.booleans()) else d for d in features)
         check_reduction(fails, "reduce ragged+features", case, red, dims, keepdim, {})
     fails.check()
+
+
+def test_in_order_reference_adds_half_precision_in_float32():
+    """The in-order reference overflows as float32 adds do (found under torch 2.14.1: a
+    cumsum, accumulating in float64, gave -inf for bfloat16 [max, max, -inf], torch -inf by
+    its order, nestbatch's segment sum nan; such a result depends on the order)."""
+    big = torch.finfo(torch.bfloat16).max
+    sample = torch.tensor([[big], [big], [float("-inf")]], dtype=torch.bfloat16)
+    total = in_order_sum(next(r for r in REDUCTIONS if r.name == "sum"), sample, (0,), None)
+    assert total.isnan().all()
 
 
 @fuzz
