@@ -554,7 +554,7 @@ class RowPartition:
         if self._has_empty is None:
             if self.knows_host_shapes:
                 self._has_empty = 0 in self.host_lengths
-            elif self._device == _HOST and self._levels is None:
+            elif self._device == _HOST and self._levels is None:  # (no device offsets made)
                 self._has_empty = _has_equal_neighbours(self.offsets)
         return self._has_empty
 
@@ -813,10 +813,11 @@ _FEW_SIZES = 64
 
 
 def _has_equal_neighbours(offsets: Tensor) -> bool | None:
-    """Whether host ``offsets`` ``(B + 1,)`` hold an empty sample (two equal neighbours), read
-    without a sync (host memory): in Python for few, by three tensor ops for many; ``None`` for
-    fake tensors, which hold no values."""
-    if type(offsets) is not Tensor:
+    """Whether ``offsets`` ``(B + 1,)`` in host memory hold an empty sample (two equal
+    neighbours): in Python for few, by three tensor ops for many. The ``tolist()`` and the
+    ``bool()`` are no syncs: only a CPU tensor is read. ``None`` for a tensor elsewhere (reading
+    it would be a sync) and for fake tensors, which hold no values."""
+    if type(offsets) is not Tensor or not offsets.is_cpu:
         return None
     if offsets.shape[0] <= _FEW_SIZES:
         read = offsets.tolist()
