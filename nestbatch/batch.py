@@ -16,7 +16,6 @@ from torch import Tensor
 
 from nestbatch import conversions as convert
 from nestbatch.checks import (
-    HostSizes,
     as_index_tensor,
     as_offsets,
     check_batch_indices,
@@ -187,7 +186,7 @@ class NestedBatch(TensorMethods):
         if not isinstance(lengths, Tensor):
             host = checked_host_sizes(lengths, "lengths")
             check_lengths_total(host.total, host.largest, values.shape[0], max_len)
-            partition = _host_partition(
+            partition = RowPartition.from_host_sizes(
                 host, values.device, host.largest if max_len is None else max_len)
             return cls.trusted(Packed.trusted(values, partition))
         lengths = as_index_tensor(lengths, "lengths", values.device)
@@ -348,10 +347,13 @@ class NestedBatch(TensorMethods):
         validate : bool, default True
             Check the sizes / mask against ``data`` (reads device values).
         """
-        check_tensor(data, "data")
-        if (lengths is None) + (mask is None) + (shape_per_sample is None) != 2:  # (no frame)
+        # The checks' plain cases inline (no frame; each costs about 1 us between large calls).
+        if not isinstance(data, Tensor):
+            check_tensor(data, "data")
+        if (lengths is None) + (mask is None) + (shape_per_sample is None) != 2:
             check_one_of(lengths=lengths, mask=mask, shape_per_sample=shape_per_sample)
-        lengths = host_tensor_sizes(lengths)  # (a host tensor: read as a sequence)
+        if isinstance(lengths, Tensor):
+            lengths = host_tensor_sizes(lengths)  # (a host tensor: read as a sequence)
         if mask is not None:
             check_tensor(mask, "mask")
             if mask.shape != data.shape[:2]:
@@ -366,7 +368,7 @@ class NestedBatch(TensorMethods):
             host = checked_host_sizes(lengths, "lengths")
             if data.dim() < 2 or len(host.sizes) != data.shape[0] or host.largest > data.shape[1]:
                 check_host_lengths_fit(data, host)  # (called to raise: no frame otherwise)
-            partition = _host_partition(host, data.device, host.largest)
+            partition = RowPartition.from_host_sizes(host, data.device, host.largest)
             padded = Padded.trusted(data, partition, padding_value)
             if padding_side != "right":
                 check_padding_side(padding_side, 1)
@@ -1047,16 +1049,6 @@ def forget_derived_layouts(batch: NestedBatch) -> None:
     """Drop every cached layout but the stored one (after its values changed in place)."""
     batch._cache.clear()
     batch._remember(batch._primary)
-
-
-def _host_partition(host: HostSizes, device: torch.device, max_len: int) -> RowPartition:
-    """The traceable partition of checked host lengths (``max_len`` at least the longest): from
-    the offsets bytes of their C pass where there are some, else from the sizes."""
-    if host.offsets is not None:
-        return RowPartition.from_host_offsets(host.sizes, host.offsets, host.total, max_len,
-                                              device)
-    return RowPartition.from_host_lengths(host.sizes, device, max_len=max_len, total=host.total,
-                                          traceable=True, as_tensor=host.as_tensor)
 
 
 def map_stored(batch: NestedBatch, fn: Callable[[Tensor], Tensor]) -> NestedBatch:

@@ -192,8 +192,9 @@ def host_ints(value: object, name: str) -> tuple[int, ...]:
 
 class HostSizes(NamedTuple):
     """Non-negative host sizes and what checks of them need: their sum and largest entry, and
-    either their ``int64`` offsets as bytes (when one C pass read them) or, for many sizes, the
-    ``int64`` host tensor they were read into (both reused for the offsets)."""
+    either their ``int64`` offsets as bytes (when one C pass read them: never while fake tensors
+    are made) or, for many sizes, the ``int64`` host tensor they were read into (both reused for
+    the offsets)."""
 
     sizes: tuple[int, ...]
     total: int
@@ -230,7 +231,10 @@ def host_tensor_sizes(value: object) -> object:
 
 
 def checked_host_sizes(value: object, name: str) -> HostSizes:
-    """:func:`host_ints`, all non-negative, with their sum and largest entry, read once.
+    """:func:`host_ints`, all non-negative, with their sum and largest entry, read once: a
+    list or tuple of ints in one C pass, which also gives their offsets as bytes, except while
+    fake tensors are made (``torch.compile`` cannot see into C, and those bytes could not
+    become a tensor): then, and for other sequences, in Python.
 
     Raises
     ------
@@ -239,7 +243,7 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
     ValueError
         If a size is negative, or too large for int64.
     """
-    read = host_sizes(value)  # a list or tuple of ints, in one C pass (else None)
+    read = None if making_fake_tensors() else host_sizes(value)
     if read is not None:
         offsets, total, smallest, largest = read
         if smallest < 0:

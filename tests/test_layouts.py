@@ -75,29 +75,31 @@ def test_partition_from_a_host_lengths_tensor_derives_what_from_host_lengths_doe
     assert empty.total == 0 and empty.max_shape == (0,) and empty.offsets.tolist() == [0]
 
 
-def test_partition_from_host_offsets_bytes_derives_what_from_host_lengths_does():
-    # The C pass's offsets bytes, as checked_host_sizes hands them over (empty batch included).
+def test_partition_from_host_sizes_derives_what_from_host_lengths_does():
+    # From the C pass's offsets bytes, as checked_host_sizes hands them over (empty batch
+    # included); while fake tensors are made, the pass does not run and the sizes are read in
+    # Python (the bytes could not become a fake tensor).
     from gpu_path import fake_cuda
 
+    from nestbatch.checks import checked_host_sizes
     from nestbatch.kernels import host_library
 
     for lengths in ([4, 0, 3, 1, 0, 7], []):
-        read = host_library.host_sizes(lengths)
-        if read is None:
+        host = checked_host_sizes(lengths, "lengths")
+        if host.offsets is None:
             pytest.skip(f"no C module: {host_library.status()}")
-        offsets, total, _, largest = read
-        made = RowPartition.from_host_offsets(tuple(lengths), offsets, total, largest + 2,
-                                              torch.device("cpu"))
+        made = RowPartition.from_host_sizes(host, torch.device("cpu"), host.largest + 2)
         listed = RowPartition.from_host_lengths(lengths, torch.device("cpu"), traceable=True,
-                                                max_len=largest + 2, total=total)
+                                                max_len=host.largest + 2, total=host.total)
         assert "offsets" in made.__dict__  # made now: a traced function reads them
         assert made.offsets.dtype == torch.int64
         assert made.offsets.tolist() == listed.offsets.tolist()
-        assert made.host_lengths == listed.host_lengths and made.total == total
-        assert made.max_shape == (largest + 2,) and made.knows_host_shapes
+        assert made.host_lengths == listed.host_lengths and made.total == host.total
+        assert made.max_shape == (host.largest + 2,) and made.knows_host_shapes
         with fake_cuda():  # a factory op only: the offsets are a fake copy on the device
-            fake = RowPartition.from_host_offsets(tuple(lengths), offsets, total, largest,
-                                                  torch.device("cuda"))
+            fake_host = checked_host_sizes(lengths, "lengths")
+            assert fake_host.offsets is None and fake_host.sizes == host.sizes
+            fake = RowPartition.from_host_sizes(fake_host, torch.device("cuda"), host.largest)
             assert fake.offsets.device.type == "cuda"
             assert fake.offsets.shape == (len(lengths) + 1,)
 

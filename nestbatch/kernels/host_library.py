@@ -201,12 +201,10 @@ def host_sizes(sizes: object) -> tuple[bytearray, int, int, int] | None:
     """``(offsets, total, smallest, largest)`` of a list or tuple of Python ints, read in one C
     pass, with ``offsets`` the int64 running sums from 0 (``len(sizes) + 1`` of them, as bytes);
     ``None`` for anything else (no module; another sequence; bools, NumPy integers; a size or
-    a sum past int64; a function ``torch.compile`` traces, which cannot see into C), which the
-    caller reads in Python."""
+    a sum past int64), which the caller reads in Python. Not for a function ``torch.compile``
+    traces (it cannot see into C): the caller tests that first."""
     module = _module if _module is not None else _load()
-    if module is False or torch.compiler.is_compiling():
-        return None
-    return module.host_sizes(sizes)
+    return None if module is False else module.host_sizes(sizes)
 
 
 def _address(pattern: Tensor | None) -> int | None:

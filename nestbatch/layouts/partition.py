@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from nestbatch.checks import HostSizes
 from nestbatch.kernels.dispatch import making_fake_tensors
 from nestbatch.kernels.torch_impl import sizes_mask
 from nestbatch.layouts.memo import memoized
@@ -169,7 +170,7 @@ class RowPartition:
         a function that ``torch.compile`` traces then reads the sizes from the offsets tensor,
         of dynamic length, and two ints, never from the tuple it would specialize on (one graph
         per batch size). ``as_tensor``: the lengths in an int64 host tensor, if a caller has one
-        (:meth:`from_host_offsets` takes their offsets as bytes).
+        (:meth:`from_host_sizes` takes their offsets as bytes).
         """
         lengths = tuple(lengths)
         partition = cls._blank(len(lengths), 1, device, None if max_len is None else (max_len,))
@@ -188,23 +189,23 @@ class RowPartition:
         return partition
 
     @classmethod
-    def from_host_offsets(
-        cls, lengths: tuple[int, ...], offsets: bytearray, total: int, max_len: int,
-        device: torch.device,
-    ) -> RowPartition:
-        """:meth:`from_host_lengths` with ``traceable=True`` from checked host lengths (a tuple
-        of ints; ``total`` their sum, ``max_len`` at least the longest) and their offsets,
-        ``len(lengths) + 1`` int64 running sums from 0 as bytes (the C pass of
-        :func:`~nestbatch.checks.checked_host_sizes`): the offsets tensor is one ``frombuffer``
-        of them. Positional: every batch built from host lengths comes here, and keyword
-        arguments cost more than the rest of the set-up."""
-        if making_fake_tensors():  # (a factory op only: the traced offsets come from a copy)
-            return cls.from_host_lengths(lengths, device, max_len=max_len, total=total,
-                                         traceable=True)
-        partition = cls._blank(len(lengths), 1, device, (max_len,))
+    def from_host_sizes(cls, host: HostSizes, device: torch.device, max_len: int
+                        ) -> RowPartition:
+        """:meth:`from_host_lengths` with ``traceable=True`` from checked host lengths
+        (:func:`~nestbatch.checks.checked_host_sizes`; ``max_len`` at least the largest): where
+        one C pass read them, the offsets tensor is one ``frombuffer`` of its bytes. Positional:
+        every batch built from host lengths comes here, and keyword arguments cost more than
+        the rest of the set-up."""
+        if host.offsets is None:  # (read in Python: fake tensors, or no C module)
+            return cls.from_host_lengths(host.sizes, device, max_len=max_len, total=host.total,
+                                         traceable=True, as_tensor=host.as_tensor)
+        # No fake-tensor test: the C pass does not run while fake tensors are made.
+        partition = cls._blank(len(host.sizes), 1, device, (max_len,))
         partition._sizes_on_host = True
-        offsets = partition._to_device(torch.frombuffer(offsets, dtype=torch.int64))
-        partition._seed(host_lengths=lengths, total=total, offsets=offsets)
+        offsets = torch.frombuffer(host.offsets, dtype=torch.int64)
+        if partition._device != _HOST:  # (_to_device's own first test: no frame on the host)
+            offsets = partition._to_device(offsets)
+        partition._seed(host_lengths=host.sizes, total=host.total, offsets=offsets)
         return partition
 
     @classmethod
