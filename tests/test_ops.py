@@ -337,6 +337,8 @@ GRAD_OPS = [
     lambda x: torch.cat([x, x], 1).values, lambda x: torch.tile(x, (1, 2)).values,
     lambda x: F.layer_norm(x, (3,)).values, lambda x: (x @ torch.ones(3, 2,
                                                         dtype=torch.float64)).values,
+    lambda x: F.prelu(x, torch.tensor([0.5, -2.0, 0.25], dtype=torch.float64)).values,
+    lambda x: F.rms_norm(x, x.shape[1:]).values,
 ]
 
 

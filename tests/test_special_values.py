@@ -353,3 +353,103 @@ def test_extremes_over_ragged_and_feature_dims_keep_torchs_first_zero(how, keepd
             got = reduce(b, dim=dims, keepdim=keepdim)
             assert got.shape == expected.shape
             assert torch.equal(got, expected) and torch.equal(got.signbit(), expected.signbit())
+
+
+# ------------------------------------------------------------------------------------------
+# Ops outside the differential suite's families, audited with special values (session 16):
+# whole-sample norms, prelu with one weight per channel, attention rows that attend to nothing.
+
+def _bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """:func:`_same`, and the sign of every zero too."""
+    return _same(a, b) and torch.equal(a.signbit(), b.signbit())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_whole_sample_rms_norm_takes_torchs_default_eps(dtype):
+    """torch's default is the epsilon of its compute dtype: float32's for half precision, which
+    moves float16 / bfloat16 results (0.7739 against torch's 0.7744 with the dtype's own)."""
+    samples = [torch.tensor(s, dtype=dtype) for s in ([[0.5, 0.0, 1.0]], [[1e-3, -2e-3, 0.0],
+                                                                         [4.0, 0.5, -0.0]])]
+    for b in _builds(samples):
+        for got, s in zip(F.rms_norm(b, b.shape[1:]).unbind(), samples):
+            assert torch.allclose(got.float(), F.rms_norm(s, s.shape).float(), rtol=1e-2)
+            assert torch.equal(got, F.rms_norm(s, s.shape)) or dtype == torch.float32
+
+
+def test_whole_sample_layer_norm_never_gives_negative_zero():
+    """torch's kernel adds its (zero) bias last, so -0.0 comes out as 0.0."""
+    samples = [torch.tensor(s) for s in ([[1.0, -1.0, -0.0]], [[-0.0, -0.0, -0.0]] * 2,
+                                         [[2.0, 2.0, 2.0]])]
+    for b in _builds(samples):
+        for got, s in zip(F.layer_norm(b, b.shape[1:]).unbind(), samples):
+            assert _bits(got, F.layer_norm(s, s.shape))
+
+
+@pytest.mark.parametrize("norm", [F.layer_norm, F.rms_norm])
+def test_whole_sample_norms_of_integers_raise_and_of_no_rows_are_empty(norm):
+    for dtype in (torch.int64, torch.int32, torch.bool):
+        b = NestedBatch.from_list([torch.ones(2, 3, dtype=dtype), torch.ones(1, 3, dtype=dtype)])
+        with pytest.raises(NotImplementedError):
+            norm(torch.ones(2, 3, dtype=dtype), (2, 3), eps=1e-6)  # torch's answer
+        with pytest.raises(NotImplementedError):
+            norm(b, b.shape[1:], eps=1e-6)
+    empty = NestedBatch.from_list([torch.zeros(0, 3), torch.zeros(0, 3)])
+    out = norm(empty, empty.shape[1:])
+    assert out.values.shape == (0, 3) and out.batch_size == 2
+
+
+def test_prelu_weights_per_channel_follow_each_samples_dim_1():
+    """torch's channels are dim 1 of its input: of every sample here, whatever dim of the
+    stored values that is (the ragged dim moved last, or features before it)."""
+    torch.manual_seed(0)
+    weight = torch.tensor([0.5, -2.0, 0.25])
+    cases = [
+        [torch.randn(n, 3) for n in (2, 0, 4)],  # (L, C): C is the first feature dim
+        [torch.randn(n, 3, 2) for n in (1, 3)],  # (L, C, H)
+    ]
+    for samples in cases:
+        for got, s in zip(F.prelu(NestedBatch.from_list(samples), weight).unbind(), samples):
+            assert _bits(got, F.prelu(s, weight))
+    # Samples (2, 3, L): the ragged dim last, the channels (3) its second feature dim.
+    samples = [torch.randn(2, 3, n) for n in (4, 1)]
+    b = NestedBatch.from_list([s.permute(2, 0, 1) for s in samples]).permute(0, 2, 3, 1)
+    assert b.ragged_dim == 3
+    for got, s in zip(F.prelu(b, weight).unbind(), samples):
+        assert _bits(got, F.prelu(s, weight))
+    assert _bits(F.prelu(b, weight[:1]).values, F.prelu(b.values, weight[:1]))  # one weight
+    leaves = (b.values.double().requires_grad_(), weight.double().requires_grad_())
+    assert torch.autograd.gradcheck(lambda v, w: F.prelu(b.with_values(v), w).values, leaves)
+
+
+def test_prelu_weights_per_channel_refuse_a_ragged_channel_dim():
+    weight = torch.tensor([0.5, -2.0])
+    two_ragged = NestedBatch.from_list([torch.randn(1, 2, 2), torch.randn(2, 1, 2)], 2)
+    moved = NestedBatch.from_list([torch.randn(2, 2), torch.randn(1, 2)]).transpose(1, 2)
+    for b in (two_ragged, moved):
+        with pytest.raises(ValueError, match="dim 1 of each sample"):
+            F.prelu(b, weight)
+    with pytest.raises(RuntimeError, match="channel size"):  # torch's own error
+        F.prelu(NestedBatch.from_list([torch.randn(2, 4)]), weight)
+    with pytest.raises(RuntimeError, match="channel size"):  # 1-d samples: one channel
+        F.prelu(NestedBatch.from_list([torch.randn(3)]), weight)
+
+
+def test_attention_rows_that_attend_to_nothing_are_zero_weights_times_the_values():
+    """torch computes a fully masked row as zero weights times the values: NaN in a column
+    with NaN or an infinity, zeros elsewhere (and for a sample with no keys)."""
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    k = torch.tensor([[1.0, 1.0], [2.0, -1.0]])
+    v = torch.tensor([[NAN, 5.0, -1.0], [1.0, -INF, -2.0]])
+    m = torch.tensor([[False, False], [True, False], [False, False]])
+    samples = [(q, k, v, m), (q[:2], k[:1], v[:1], m[:2, :1]), (q[:1], k[:0], v[:0], m[:1, :0])]
+    queries, keys, values, masks = zip(*samples)
+    queries, keys, values = (NestedBatch.from_list(list(x)) for x in (queries, keys, values))
+    masks = NestedBatch.from_list(list(masks), 2)  # samples (Lq_i, Lk_i)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=masks)
+    for got, (qs, ks, vs, ms) in zip(out.unbind(), samples):
+        expected = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=ms)
+        assert _same(got, expected), (got, expected)
+    # The padded slots of the result are still its declared filler, zeros.
+    padded = out.padded(None)
+    assert torch.equal(padded.data.masked_fill(padded.mask[..., None], 0.0),
+                       torch.zeros_like(padded.data))

@@ -151,23 +151,37 @@ def _padded_attention(q: NestedBatch, k: NestedBatch, v: NestedBatch, user_mask:
     qd, kd, vd = (t.movedim(1, -2) for t in (qd, kd, vd))
     heads = _score_heads(qd.shape[1:-2], kd.shape[1:-2])
     lq, lk = qd.shape[-2], kd.shape[-2]
+    queries = _with_heads(q.partition.mask((lq,)), len(heads))  # (B, 1.., Lq)
     if user_mask is None and k.partition.host_has_empty is False:
         # Every sample has a key (known on the host): mask the padded keys only. Padded
         # queries then attend to their sample's keys (finite), and are zeroed below.
         mask = _with_heads(k.partition.mask((lk,))[:, None, :], len(heads))
         if causal:
             mask = mask & _causal(lq, lk, mask.device)
-        empty = ~_with_heads(q.partition.mask((lq,)), len(heads))
+        out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, **params)
+        out = out.masked_fill(~queries.unsqueeze(-1), 0.0)  # (padded queries: the filler)
     else:
         mask = _combined_mask(q, k, user_mask, heads, lq, lk, causal)
         mask, empty = _fill_empty_rows(mask)
-    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, **params)
-    # Rows with nothing to attend to (padded queries included) are exact zeros, as torch gives
-    # for a fully masked row; masked_fill also stops their gradient.
-    out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+        out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, **params)
+        out = _unattended_rows(out, empty, queries, vd)
     # Back to stored order; the padded slots are zeros (rows of padded queries): saying so
     # saves a refill.
     return wrap_padded(out.movedim(-2, 1), q.partition, q.ragged_dim, filler=0.0)
+
+
+def _unattended_rows(out: Tensor, empty: Tensor, queries: Tensor, values: Tensor) -> Tensor:
+    """``out`` ``(B, *heads, Lq, E)`` with torch's result at the rows that attend to nothing
+    (``empty``, ``(B, *heads, Lq)``): zero weights times the sample's values, so 0, or NaN in
+    a column of ``values`` ``(B, *heads, Lk, E)`` holding NaN or an infinity (0 * inf); zeros at
+    padded queries (not ``queries``), the padded layout's filler. The fill also stops those
+    rows' gradient."""
+    out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+    nonfinite = ~values.isfinite().all(-2, keepdim=True)  # (padded keys are zeros)
+    if nonfinite.dim() > 2 and nonfinite.shape[1] not in (1, out.shape[1]):
+        # Grouped-query heads: query head h reads value head h // (Hq / Hkv).
+        nonfinite = nonfinite.repeat_interleave(out.shape[1] // nonfinite.shape[1], dim=1)
+    return out.masked_fill((empty & queries).unsqueeze(-1) & nonfinite, torch.nan)
 
 
 def _score_heads(query_heads: torch.Size, key_heads: torch.Size) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ transpose the ragged dim back first.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -22,14 +23,14 @@ from torch import Tensor
 
 from nestbatch.batch import NestedBatch, moved_ragged_error
 from nestbatch.layouts import Layout
-from nestbatch.ops.common import dim_kind, feature_values_dim, replace_storage
+from nestbatch.ops.common import dim_kind, feature_values_dim, replace_storage, values_dim
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
 
 _ACTIVATIONS = (
     "relu", "relu6", "elu", "selu", "celu", "leaky_relu", "gelu", "silu", "mish", "softplus",
     "softsign", "hardtanh", "hardswish", "hardsigmoid", "logsigmoid", "tanhshrink",
-    "softshrink", "hardshrink", "threshold", "prelu", "rrelu", "sigmoid", "tanh", "dropout",
+    "softshrink", "hardshrink", "threshold", "rrelu", "sigmoid", "tanh", "dropout",
     "alpha_dropout", "feature_alpha_dropout",
 )
 
@@ -48,6 +49,27 @@ def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         inplace, args = args[-1], args[:-1]
     result = batch.with_values(func(batch.values, *args[1:], **kwargs))
     return replace_storage(batch, result) if inplace else result
+
+
+@register(F.prelu, layouts=(Layout.PACKED,), moved_ragged=True)
+def _prelu(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``F.prelu`` / ``nn.PReLU``: one weight for every element, or one per channel, which is
+    dim 1 of each sample as torch's (dim 2 of the batch; it must be a feature dim)."""
+    batch = args[0]
+    weight = args[1] if len(args) > 1 else kwargs["weight"]
+    stored = 1
+    if isinstance(weight, Tensor) and weight.numel() > 1 and batch.dim() > 2:
+        if dim_kind(batch, 2) != "feature":
+            raise ValueError(
+                f"prelu with {weight.numel()} weights applies them along dim 1 of each sample "
+                f"(torch's channel dim), which is ragged in this batch of shape {batch.shape}; "
+                "put the channels in dim 2 of the batch, or pass one weight"
+            )
+        stored = values_dim(batch, 2)
+    # (A 1-d sample has one channel: torch refuses more weights, and so does F.prelu here.)
+    values = batch.values.movedim(stored, 1) if stored != 1 else batch.values
+    out = F.prelu(values, weight)
+    return batch.with_values(out.movedim(1, stored) if stored != 1 else out)
 
 
 @register(F.glu, F.normalize, layouts=(Layout.PACKED,), moved_ragged=True)
@@ -119,11 +141,13 @@ def _norm_samples(batch: NestedBatch, func: Any, shape: tuple, weight: Tensor | 
             f"{func.__name__} over the ragged dim takes no weight or bias (their shape would "
             "be the ragged size); apply them to the result"
         )
-    if eps is None:
-        eps = 1e-5 if func is F.layer_norm else torch.finfo(batch.dtype).eps
     values = batch.values
-    rows = values.reshape(values.shape[0], -1)
+    if not values.dtype.is_floating_point:  # (torch's kernels have none for other dtypes)
+        raise NotImplementedError(f'"{func.__name__}" not implemented for {values.dtype}')
+    rows = values.reshape(values.shape[0], math.prod(values.shape[1:]))  # (no -1: 0 rows)
     wide = rows.to(WIDENED_DTYPES.get(rows.dtype, rows.dtype))  # half precision: in float32
+    if eps is None:  # torch's defaults; rms_norm's is its compute dtype's epsilon
+        eps = 1e-5 if func is F.layer_norm else torch.finfo(wide.dtype).eps
     count = (batch.lengths * rows.shape[1]).to(wide.dtype)
     row_ids = batch.row_ids
     if func is F.layer_norm:
@@ -131,6 +155,8 @@ def _norm_samples(batch: NestedBatch, func: Any, shape: tuple, weight: Tensor | 
         wide = wide - mean[row_ids, None]
     variance = segment_reduce(wide.square().sum(-1), batch, "sum") / count
     out = wide * torch.rsqrt(variance + eps)[row_ids, None]
+    if func is F.layer_norm:
+        out = out + 0.0  # torch's kernel adds its (zero) bias last: it never returns -0.0
     return batch.with_values(out.to(values.dtype).reshape(values.shape))
 
 
