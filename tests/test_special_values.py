@@ -385,6 +385,18 @@ def test_whole_sample_layer_norm_never_gives_negative_zero():
             assert _bits(got, F.layer_norm(s, s.shape))
 
 
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 1e20), (torch.float64, 1e160)])
+def test_whole_sample_layer_norm_overflows_where_torch_does(dtype, big):
+    """torch's kernel takes the variance as E[x^2] - E[x]^2: where the squares overflow, its
+    result is NaN, or 0 where only E[x^2] does (a two-pass variance gave 0 for all three)."""
+    samples = [torch.tensor(s, dtype=dtype) for s in ([[big, big, 1.0]], [[big / 5] * 3],
+                                                      [[big, -big, 0.0]], [[1.0, 2.0, 4.0]])]
+    for b in _builds(samples):
+        for got, s in zip(F.layer_norm(b, b.shape[1:]).unbind(), samples):
+            expected = F.layer_norm(s, s.shape)
+            assert _same(got, expected) or torch.allclose(got, expected), (got, expected)
+
+
 @pytest.mark.parametrize("norm", [F.layer_norm, F.rms_norm])
 def test_whole_sample_norms_of_integers_raise_and_of_no_rows_are_empty(norm):
     for dtype in (torch.int64, torch.int32, torch.bool):

@@ -124,8 +124,12 @@ def _norm_samples(batch: NestedBatch, func: Any, shape: tuple, weight: Tensor | 
                   bias: Tensor | None = None, eps: float | None = None, **kwargs: Any) -> Any:
     """Normalize every sample over all its elements (layer norm: centered, biased variance).
 
-    On the packed rows: two segment sums and a gather of the per-sample statistics by row
-    (the row ids need the total number of rows, read once if only the device knows it).
+    On the packed rows: segment sums (of squares; for layer norm also of the values and of the
+    centered squares) and a gather of the per-sample statistics by row (the row ids need the
+    total number of rows, read once if only the device knows it). In half precision in float32,
+    as torch computes. Where the squares overflow, the result follows torch's ``E[x^2] -
+    E[x]^2`` (NaN, or 0); one case still differs: torch also gives NaN when the sum of a
+    sample's values is near the dtype's maximum (``[3e38, -3e38]``), where this gives 0.
     """
     kwargs.pop("normalized_shape", None)
     weight, bias = kwargs.pop("weight", weight), kwargs.pop("bias", bias)
@@ -150,10 +154,16 @@ def _norm_samples(batch: NestedBatch, func: Any, shape: tuple, weight: Tensor | 
         eps = 1e-5 if func is F.layer_norm else torch.finfo(wide.dtype).eps
     count = (batch.lengths * rows.shape[1]).to(wide.dtype)
     row_ids = batch.row_ids
+    squares = segment_reduce(wide.square().sum(-1), batch, "sum") / count
     if func is F.layer_norm:
         mean = segment_reduce(wide.sum(-1), batch, "sum") / count
         wide = wide - mean[row_ids, None]
-    variance = segment_reduce(wide.square().sum(-1), batch, "sum") / count
+        variance = segment_reduce(wide.square().sum(-1), batch, "sum") / count
+        # torch's kernel takes E[x^2] - E[x]^2: where E[x^2] overflows, so does its variance
+        # (inf, or NaN when E[x]^2 does too), and its result (0, or NaN): so does this one.
+        variance = torch.where(squares.isinf(), squares - mean.square(), variance)
+    else:
+        variance = squares  # (rms_norm: the mean square)
     out = wide * torch.rsqrt(variance + eps)[row_ids, None]
     if func is F.layer_norm:
         out = out + 0.0  # torch's kernel adds its (zero) bias last: it never returns -0.0
