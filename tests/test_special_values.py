@@ -465,3 +465,134 @@ def test_attention_rows_that_attend_to_nothing_are_zero_weights_times_the_values
     padded = out.padded(None)
     assert torch.equal(padded.data.masked_fill(padded.mask[..., None], 0.0),
                        torch.zeros_like(padded.data))
+
+
+@pytest.mark.parametrize("op", [torch.sqrt, torch.log, torch.rsqrt, lambda t: t ** 0.5])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_padding_takes_no_gradient_through_elementwise_ops(op, inplace):
+    """An op on padded data gives the padding 0 times its derivative there: NaN where that is
+    infinite (sqrt of a zero filler), which reached the layer that made the data."""
+    torch.manual_seed(0)
+    lengths = [2, 3]
+    lin = torch.nn.Linear(2, 2).double()
+    x = torch.rand(2, 3, 2, dtype=torch.float64) + 1
+    keep = (torch.arange(3)[None, :, None] < torch.tensor(lengths)[:, None, None])
+    b = NestedBatch.from_padded(lin(x).abs() * keep, lengths)  # zero padding
+    if inplace:
+        name = {torch.sqrt: "sqrt_", torch.log: "log_", torch.rsqrt: "rsqrt_"}.get(op)
+        if name is None:
+            pytest.skip("no in-place form")
+        getattr(b, name)()
+        out = b
+    else:
+        out = op(b)
+    out.sum(1).sum().backward()
+    got = lin.weight.grad.clone()
+    lin.zero_grad()
+    sum(op(lin(x[i, :n]).abs()).sum() for i, n in enumerate(lengths)).backward()
+    assert torch.allclose(got, lin.weight.grad)
+
+
+# Gradients at special values and ties, against torch's on every sample alone (session 16).
+def _sample_grads(batch_fn, sample_fn, samples, upstream=1.0):
+    """The gradients of ``upstream * batch_fn(batch).sum()`` for every construction of the
+    batch that keeps the samples' graph (``nested`` copies them, as ``torch.nested``'s
+    constructor), and of the same through ``sample_fn`` on every sample alone."""
+    leaves = [s.detach().clone().requires_grad_() for s in samples]
+    expected = torch.autograd.grad(upstream * sum(sample_fn(s).sum() for s in leaves), leaves)
+    results = []
+    for index in range(len(_builds(samples)) - 1):
+        leaves = [s.detach().clone().requires_grad_() for s in samples]
+        out = batch_fn(_builds(leaves)[index])
+        out = out.values if isinstance(out, NestedBatch) else out
+        results.append(torch.autograd.grad(upstream * out.sum(), leaves))
+    return expected, results
+
+
+def _assert_grads(expected, results):
+    for got in results:
+        for g, e in zip(got, expected):
+            assert _same(g, e) or torch.allclose(g, e, equal_nan=True), (g, e)
+
+
+@pytest.mark.parametrize("name", ["amax", "amin"])
+@pytest.mark.parametrize("upstream", [1.0, -1.0])
+@pytest.mark.parametrize("dims, inner", [(1, 0), ((1, 2), (0, 1))])
+def test_extremes_split_the_gradient_among_ties_as_torch(name, upstream, dims, inner):
+    """torch.segment_reduce's backward split ties only for a positive gradient; a padded amax
+    shared it with padding tying at -inf; over rows and features the ties of each stage were
+    weighted apart."""
+    sign = 1.0 if name == "amax" else -1.0
+    samples = [sign * torch.tensor(s, dtype=torch.float64) for s in (
+        [[2.0, 1.0], [2.0, 1.0]], [[-INF, 3.0]], [[3.0, 3.0], [3.0, 0.0], [1.0, 3.0]],
+        [[NAN, 1.0], [1.0, 1.0]])]
+    samples[1] = torch.tensor([[-INF * sign, 3.0 * sign]], dtype=torch.float64)
+    reduce = getattr(torch, name)
+    _assert_grads(*_sample_grads(lambda b: reduce(b, dim=dims), lambda s: reduce(s, dim=inner),
+                                 samples, upstream))
+
+
+@pytest.mark.parametrize("func", [torch.max, torch.min])
+def test_max_with_dim_sends_the_gradient_to_its_index(func):
+    samples = [torch.tensor(s, dtype=torch.float64) for s in ([[3.0, 1.0], [3.0, 0.0]],
+                                                              [[0.0, 3.0], [5.0, 3.0]])]
+    _assert_grads(*_sample_grads(lambda b: func(b, 1).values,
+                                 lambda s: func(s, 0).values, samples))
+    _assert_grads(*_sample_grads(lambda b: func(b, 2, keepdim=True).values,
+                                 lambda s: func(s, 1, keepdim=True).values, samples))
+
+
+def test_std_of_equal_values_has_gradient_zero():
+    samples = [torch.tensor(s, dtype=torch.float64) for s in ([[1.0, 2.0], [1.0, 3.0]],
+                                                              [[4.0, 4.0]] * 3)]
+    _assert_grads(*_sample_grads(lambda b: b.std(1), lambda s: s.std(0), samples))
+
+
+def test_logsumexp_over_rows_and_features_of_minus_inf_has_gradient_zero():
+    samples = [torch.tensor(s, dtype=torch.float64) for s in ([[-INF, 1.0], [-INF, 2.0]],
+                                                              [[-INF, -INF]], [[0.5, -INF]])]
+    _assert_grads(*_sample_grads(lambda b: torch.logsumexp(b, (1, 2)),
+                                 lambda s: torch.logsumexp(s, (0, 1)), samples))
+
+
+@pytest.mark.parametrize("func", [torch.any, torch.all])
+@pytest.mark.parametrize("dims, inner", [(1, 0), ((1, 2), (0, 1))])
+def test_any_all_of_uint8_are_uint8_as_torch(func, dims, inner):
+    samples = [torch.tensor([[0, 2], [0, 0]], dtype=torch.uint8),
+               torch.tensor([[1, 0]], dtype=torch.uint8)]
+    expected = _per_sample(lambda s: func(s, inner), samples)
+    for b in _builds(samples):
+        assert _same(func(b, dims), expected)
+
+
+def test_merged_level_extreme_gives_the_padding_no_gradient():
+    values = torch.tensor([-INF, -INF, 1.0], dtype=torch.float64, requires_grad=True)
+    docs = NestedBatch.from_nested_row_splits(values, ([0, 2], [0, 2, 3]))  # [-inf, -inf], [1]
+    (grad,) = torch.autograd.grad(docs.amax(1).packed().values.sum(), values)
+    assert grad.tolist() == [0.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("layout", [None, Layout.PADDED])
+@pytest.mark.parametrize("lengths", [[2, 0, 4, 1], [2, 3, 2]])
+def test_gradcheck_of_extremes_without_ties(layout, lengths):
+    torch.manual_seed(0)
+    values = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+
+    def extremes(v):
+        b = NestedBatch.from_lengths(v, lengths)
+        b = b.to(layout) if layout is not None else b
+        if 0 in lengths or 1 in lengths:  # (empty samples included: finite results only)
+            return b.amax(1), b.amin((1, 2)), torch.max(b, 1).values
+        return b.std(1), torch.logsumexp(b, (1, 2)), b.prod(1)
+
+    assert torch.autograd.gradcheck(extremes, (values,))
+
+
+def test_prod_gradient_is_torchs_for_each_sample_alone():
+    """torch's product gradient is result / x where the tensor holds no zero, the product of
+    the others elsewhere: per sample here, on every layout (a NaN element got 1 from
+    segment_reduce's, and a padded product took the other rule when another sample held 0)."""
+    samples = [torch.tensor(s, dtype=torch.float64) for s in (
+        [[NAN, 2.0], [1.0, 3.0]], [[0.0, 2.0], [4.0, 0.0]], [[0.0, 5.0], [0.0, 1.0]],
+        [[2.0, -0.5]], [[INF, 2.0], [3.0, 1.0]])]
+    _assert_grads(*_sample_grads(lambda b: b.prod(1), lambda s: s.prod(0), samples))

@@ -89,8 +89,9 @@ def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     dense = [o for o in others if is_batch(o) or (isinstance(o, Tensor) and o.dim() > 0)]
     if layout is Layout.PADDED and not dense and not _divides_integers(func, ref):
         padded = ref.padded(None)
-        new_args = tuple(padded.data if a is ref else a for a in args)
-        new_kwargs = {key: padded.data if v is ref else v for key, v in kwargs.items()}
+        data = _without_padding_gradient(padded)
+        new_args = tuple(data if a is ref else a for a in args)
+        new_kwargs = {key: data if v is ref else v for key, v in kwargs.items()}
         return wrap_padded(func(*new_args, **new_kwargs), padded.partition, ref.ragged_dim)
     nf = feature_ndim(batches)
     new_args = [packed_operand(a, ref, nf) for a in args]
@@ -187,6 +188,9 @@ def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -
     if isinstance(stored, Padded) and not _divides_integers(func, target):
         operands = _padded_operands(target, stored, args[1:], kwargs)
         if operands is not None:
+            if stored.data.requires_grad and torch.is_grad_enabled():
+                # The padding takes no gradient, as in _without_padding_gradient.
+                stored.data.masked_fill_(~expand_mask(stored.mask, stored.data), 0)
             func(stored.data, *operands[0], **operands[1])
             if stored.padding_value is not None:  # the contract: the padding keeps its filler
                 stored.data.masked_fill_(~expand_mask(stored.mask, stored.data),
@@ -229,6 +233,19 @@ def _padded_operands(target: NestedBatch, stored: Padded, args: tuple,
             return None
         converted.append(x)
     return converted[: len(args)], dict(zip(kwargs, converted[len(args):]))
+
+
+def _without_padding_gradient(padded: Padded) -> Tensor:
+    """``padded.data``, with its padding set to 0 where autograd records the op run on it.
+
+    Whatever the padding holds (junk, or 0 where the op's derivative is infinite: ``sqrt``),
+    the op's backward gives it 0 times that derivative, NaN, which would reach whatever made
+    the padded data (a ``Linear``'s weight). ``masked_fill`` gives the padding no gradient.
+    """
+    data = padded.data
+    if data.requires_grad and torch.is_grad_enabled():
+        return data.masked_fill(~expand_mask(padded.mask, data), 0)
+    return data
 
 
 def expand_mask(mask: Tensor, data: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from torch import Tensor
 from nestbatch.batch import NestedBatch
 from nestbatch.conversions.packed_padded import packed_values_to_padded
 from nestbatch.layouts import Packed, RowPartition
-from nestbatch.ops.segment import WIDENED_DTYPES, never_wins, segment_reduce
+from nestbatch.ops.segment import WIDENED_DTYPES, masked_extreme, never_wins, segment_reduce
 
 #: The reductions one level of a nested batch supports.
 LEVEL_REDUCTIONS = ("sum", "mean", "prod", "amax", "amin")
@@ -85,6 +85,8 @@ def _merge_level(values: Tensor, partition: RowPartition, name: str, level: int
         merged = data.sum(level) / count
     elif data.shape[level] == 0:  # no row anywhere at this level: nothing to read
         merged = data.sum(level)
+    elif name in ("amax", "amin"):  # (padding that ties takes no gradient)
+        merged = masked_extreme(data, mask.view(*mask.shape, *trailing), (level,), name)
     else:
         merged = getattr(torch, name)(data, level)
     # The result's partition: every level's row counts, their maximum over the merged position

@@ -20,6 +20,7 @@ from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     dim_kind,
+    fill_value_for,
     normalize_dim,
     torch_funcs,
     values_dim,
@@ -28,7 +29,14 @@ from nestbatch.ops.common import (
 from nestbatch.ops.elementwise import elementwise, expand_mask
 from nestbatch.ops.levels import reduce_level
 from nestbatch.ops.registry import register
-from nestbatch.ops.segment import WIDENED_DTYPES, fill_empty, never_wins, segment_reduce
+from nestbatch.ops.segment import (
+    WIDENED_DTYPES,
+    fill_empty,
+    masked_extreme,
+    never_wins,
+    segment_extreme,
+    segment_reduce,
+)
 
 _COMPOSABLE = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "count_nonzero", "any", "all"}
 _SECOND_STAGE = {"count_nonzero": "sum"}  # how a feature stage continues a ragged stage
@@ -116,7 +124,14 @@ def _shifted_by_first(values: Tensor, batch: NestedBatch) -> Tensor:
 def _finish_var(squares: Tensor, batch: NestedBatch, correction: float, name: str) -> Tensor:
     dof = (_lengths_like(batch, squares) - correction).clamp_min(0).to(squares.dtype)
     var = squares / dof
-    return var.sqrt() if name == "std" else var
+    if name != "std":
+        return var
+    if var.requires_grad and torch.is_grad_enabled():
+        # torch's std has gradient 0 where it is 0; sqrt's derivative there is infinite, and
+        # 0 * inf is NaN even through a where: the zeros take the root of 1 instead.
+        zero = var == 0
+        return torch.where(zero, 0.0, torch.where(zero, 1.0, var).sqrt())
+    return var.sqrt()
 
 
 def _segment_arg(batch: NestedBatch, values: Tensor, name: str) -> Tensor:
@@ -143,7 +158,7 @@ def _ragged_padded(batch: NestedBatch, name: str, dtype: Any, correction: float)
     if name in ("argmax", "argmin", "amax", "amin"):
         filled = data.masked_fill(~mask, never_wins(data.dtype, name))
         if name in ("amax", "amin"):
-            out = filled.amax(dims) if name == "amax" else filled.amin(dims)
+            out = masked_extreme(filled, mask, dims, name)  # (padding that ties takes no grad)
             # An empty sample reduced over infinities: TF's finite extreme instead.
             return fill_empty(out, batch.partition, name)
         # The padding follows every sample's elements: a filler equal to a sample's best value
@@ -232,7 +247,14 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
         widened = True
     if features and name in ("amax", "amin"):
         out, features = _extreme_rows_last(batch, func, name, features, keepdim), ()
-    elif layout is Layout.PADDED and all(batch.max_shape):
+    elif features and name == "logsumexp":
+        values = batch.packed().values
+        values = values if dtype is None else values.to(dtype)
+        out, features = _logsumexp_rows_and_features(batch, values, features, keepdim), ()
+    elif layout is Layout.PADDED and all(batch.max_shape) and not (
+            name == "prod" and batch.requires_grad and torch.is_grad_enabled()):
+        # (A product autograd records runs on the rows: torch's gradient of a padded product
+        # depends on whether another sample holds a zero.)
         out = _ragged_padded(batch, name, dtype, correction)
     else:
         values = batch.packed().values
@@ -243,6 +265,8 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
         out = _feature_reduce(second, out, features, keepdim, {})
     if widened:
         out = out.to(result_dtype)
+    if name in ("any", "all") and batch.dtype == torch.uint8:
+        out = out.to(torch.uint8)  # (torch's any / all of uint8 are uint8; of others bool)
     if keepdim:
         k = batch.num_ragged_dims
         if k == 1:
@@ -259,8 +283,25 @@ def _extreme_rows_last(batch: NestedBatch, func: Any, name: str, features: tuple
     torch keeps the first of equal extremes in row-major order (``0.0`` before ``-0.0``), so
     the feature dims are reduced inside every row first, then the rows of every sample.
     """
-    inner = _feature_reduce(func, batch.packed().values, features, True, {})
-    out = segment_reduce(inner, batch, name)
+    values = batch.packed().values
+    if values.requires_grad and torch.is_grad_enabled():  # the ties of all the sample at once
+        out = segment_extreme(values, batch, name, features)
+    else:
+        out = segment_reduce(_feature_reduce(func, values, features, True, {}), batch, name)
+    return out if keepdim else out.squeeze(features)
+
+
+def _logsumexp_rows_and_features(batch: NestedBatch, values: Tensor,
+                                 features: tuple[int, ...], keepdim: bool) -> Tensor:
+    """``logsumexp`` over the ragged dim and ``features`` (dims of the packed ``values``) at
+    once, as torch's over several dims: shifted by the sample's maximum (0 where that is not
+    finite), so that an element of ``-inf`` gets gradient 0 (a ragged stage first gave a column
+    of ``-inf`` NaN). ``(B, *F)``, the feature dims kept as size 1 where ``keepdim``."""
+    peak = segment_reduce(values.detach().amax(features, keepdim=True), batch, "amax")
+    bad = ~torch.isfinite(peak) | (_lengths_like(batch, peak) == 0)
+    shift = torch.where(bad, torch.zeros_like(peak), peak)
+    exps = (values - shift[batch.row_ids]).exp().sum(features, keepdim=True)
+    out = segment_reduce(exps, batch, "sum").log() + shift
     return out if keepdim else out.squeeze(features)
 
 
@@ -391,12 +432,38 @@ def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         return elementwise(Layout.PACKED, pair, (batch, other), {})
     dims = _dims(batch, other)
     keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
-    best = reduce(layout, batch, "amax" if name == "max" else "amin", dims, keepdim)
+    result_type = torch.return_types.max if name == "max" else torch.return_types.min
+    kind = dim_kind(batch, dims[0])
+    if kind == "feature":  # torch's own op on the rows: its values, indices and gradient
+        best, index = func(batch.packed().values, values_dim(batch, dims[0]), keepdim)
+        ragged_dim = batch.ragged_dim - (not keepdim and dims[0] < batch.ragged_dim)
+        return result_type((batch.with_values(best, ragged_dim),
+                            batch.with_values(index, ragged_dim)))
     # torch.max(bools, dim) has indices though torch.argmax(bools) is refused: found on 0 / 1.
     ranked = batch.to(torch.uint8) if batch.dtype == torch.bool else batch
-    index = reduce(layout, ranked, "argmax" if name == "max" else "argmin", dims, keepdim)
-    result_type = torch.return_types.max if name == "max" else torch.return_types.min
-    return result_type((best, index))
+    arg = "argmax" if name == "max" else "argmin"
+    if kind == "ragged" and batch.partition.ragged_rank == 1 and batch.num_ragged_dims == 1:
+        # The values are the rows at the indices, as torch's (the gradient goes to them alone,
+        # where amax would split it among ties).
+        index = reduce(layout, ranked, arg, dims, False)
+        best = _rows_at(batch, index, name)
+        if keepdim:
+            best, index = best.unsqueeze(batch.ragged_dim), index.unsqueeze(batch.ragged_dim)
+        return result_type((best, index))
+    best = reduce(layout, batch, "amax" if name == "max" else "amin", dims, keepdim)
+    return result_type((best, reduce(layout, ranked, arg, dims, keepdim)))
+
+
+def _rows_at(batch: NestedBatch, index: Tensor, name: str) -> Tensor:
+    """``(B, *F)``: every sample's packed row ``index`` (``(B, *F)`` positions in the sample,
+    -1 for an empty one, which gets the documented empty extreme)."""
+    values = batch.packed().values
+    empty = fill_value_for(values.dtype, "lowest" if name == "max" else "highest")
+    if values.shape[0] == 0:
+        return values.new_full(index.shape, empty)
+    start = batch.offsets[:-1].view(-1, *([1] * (index.dim() - 1)))
+    rows = (start + index.clamp(min=0)).clamp(max=values.shape[0] - 1)
+    return torch.where(index >= 0, values.gather(0, rows), empty)
 
 
 # =========================================================================== softmax

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -98,6 +98,11 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
         )
     if reduce in ("sum", "prod") and not (values.is_floating_point() or values.is_complex()):
         values = values.to(torch.int64)
+    if reduce in ("amax", "amin") and values.requires_grad and torch.is_grad_enabled():
+        return segment_extreme(values, batch, reduce)  # (torch's gradient at ties)
+    if reduce == "prod" and values.requires_grad and torch.is_grad_enabled() and \
+            values.dtype not in WIDENED_DTYPES:  # (half precision: widened below, then here)
+        return SegmentProduct.apply(values, batch.offsets, batch.row_ids)
     if reduce in _EMPTY and values.dtype in WIDENED_DTYPES:  # sums and products accumulate
         wide = values.to(WIDENED_DTYPES[values.dtype])
         return segment_reduce(wide, batch, reduce).to(values.dtype)
@@ -186,3 +191,97 @@ def never_wins(dtype: torch.dtype, name: str) -> float | int | bool:
     if dtype.is_floating_point:
         return float("-inf") if lowest else float("inf")
     return fill_value_for(dtype, "lowest" if lowest else "highest")
+
+
+# ------------------------------------------------------------------ the gradient of extremes
+# torch's amax / amin send the gradient to every element equal to the result, split evenly
+# (``scale_grad_by_count``: the gradient over the count, times the equality mask; NaN where no
+# element equals the result, a NaN one). ``torch.segment_reduce``'s backward splits it only
+# where the gradient is positive, and a padded amax would share it with padding that ties; so
+# the extremes autograd records compute their gradient here.
+def segment_extreme(values: Tensor, batch: NestedBatch, reduce: str,
+                    features: tuple[int, ...] = ()) -> Tensor:
+    """``amax`` / ``amin`` of every sample's packed rows ``values`` ``(total, *F)`` of a
+    floating dtype and, within the rows, of the dims ``features`` (kept as size 1): ``(B, *F)``,
+    with torch's gradient over all the sample's elements at once (:class:`SegmentExtreme`)."""
+    out = SegmentExtreme.apply(values, batch.offsets, batch.row_ids, reduce, features)
+    return fill_empty(out, batch.partition, reduce)
+
+
+class SegmentExtreme(torch.autograd.Function):
+    """:func:`segment_extreme` before the empty samples' fill (their rows get nothing). Its
+    arguments are tensors and constants, which ``torch.compile`` traces."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, offsets: Tensor, row_ids: Tensor, reduce: str,
+                features: tuple[int, ...]) -> Tensor:
+        inner = getattr(torch, reduce)(values, features, keepdim=True) if features else values
+        name = "max" if reduce == "amax" else "min"
+        out = torch.segment_reduce(inner, name, offsets=offsets, axis=0, unsafe=True)
+        ctx.save_for_backward(values, out, row_ids)
+        ctx.features = features
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        values, out, row_ids = ctx.saved_tensors
+        ties = values == out.index_select(0, row_ids)
+        per_row = ties.sum(ctx.features, keepdim=True) if ctx.features else ties
+        count = out.new_zeros(out.shape, dtype=torch.int64).index_add_(
+            0, row_ids, per_row.to(torch.int64))
+        return (grad / count).index_select(0, row_ids) * ties, None, None, None, None
+
+
+class SegmentProduct(torch.autograd.Function):
+    """``prod`` of every sample's packed rows ``values`` ``(total, *F)`` of a floating dtype
+    (``(B, *F)``, 1 for an empty sample), with torch's gradient of a sample alone: the product
+    over the element (``result / x``) where the sample has no zero, else the product of the
+    others (``torch.segment_reduce``'s is always the latter: a NaN element got 1)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, offsets: Tensor, row_ids: Tensor) -> Tensor:
+        out = torch.segment_reduce(values, "prod", offsets=offsets, axis=0, unsafe=True)
+        ctx.save_for_backward(values, out, offsets, row_ids)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        values, out, offsets, row_ids = ctx.saved_tensors
+        zero = values == 0
+        zeros = out.new_zeros(out.shape, dtype=torch.int64).index_add_(
+            0, row_ids, zero.to(torch.int64)).index_select(0, row_ids)
+        nonzero = torch.segment_reduce(values.masked_fill(zero, 1), "prod", offsets=offsets,
+                                       axis=0, unsafe=True).index_select(0, row_ids)
+        # No zero: result / x. One zero: the product of the others at it, 0 elsewhere. More: 0.
+        share = torch.where(zeros == 0, out.index_select(0, row_ids) / values,
+                            torch.where(zero & (zeros == 1), nonzero, 0.0))
+        return grad.index_select(0, row_ids) * share, None, None
+
+
+class MaskedExtreme(torch.autograd.Function):
+    """``amax`` / ``amin`` of ``data`` over ``dims``, where only the elements ``mask`` (which
+    broadcasts against ``data``) marks take part and the others hold a value that never wins
+    (:func:`never_wins`), with torch's gradient: split among the taking part ties only."""
+
+    @staticmethod
+    def forward(ctx: Any, data: Tensor, mask: Tensor, dims: tuple[int, ...], reduce: str
+                ) -> Tensor:
+        out = getattr(torch, reduce)(data, dims, keepdim=True)
+        ctx.save_for_backward(data, mask, out)
+        ctx.dims = dims
+        return out.squeeze(dims)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        data, mask, out = ctx.saved_tensors
+        ties = (data == out) & mask
+        count = ties.sum(ctx.dims, keepdim=True)
+        return grad.view(out.shape) / count * ties, None, None, None
+
+
+def masked_extreme(data: Tensor, mask: Tensor, dims: tuple[int, ...], reduce: str) -> Tensor:
+    """``amax`` / ``amin`` (``reduce``) of ``data`` over ``dims``, its padding (not ``mask``)
+    holding :func:`never_wins`; where autograd records, through :class:`MaskedExtreme`."""
+    if data.requires_grad and torch.is_grad_enabled():
+        return MaskedExtreme.apply(data, mask, dims, reduce)
+    return getattr(torch, reduce)(data, dims)
