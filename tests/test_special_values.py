@@ -596,3 +596,28 @@ def test_prod_gradient_is_torchs_for_each_sample_alone():
         [[NAN, 2.0], [1.0, 3.0]], [[0.0, 2.0], [4.0, 0.0]], [[0.0, 5.0], [0.0, 1.0]],
         [[2.0, -0.5]], [[INF, 2.0], [3.0, 1.0]])]
     _assert_grads(*_sample_grads(lambda b: b.prod(1), lambda s: s.prod(0), samples))
+
+
+@pytest.mark.parametrize("op", ["addcmul_", "addcdiv_", "hypot_", "div_", "pow_", "atan2_",
+                                "xlogy_", "mul_"])
+def test_padding_of_a_batch_operand_takes_no_gradient_in_place(op):
+    """An in-place op with a padded batch operand ran over that operand's raw padding (NaN
+    here), whose gradient came out 0 times NaN."""
+    torch.manual_seed(0)
+    lengths = [3, 1]
+    data = torch.rand(2, 3, 2, dtype=torch.float64) + 1
+    data[1, 1:] = NAN
+    data.requires_grad_()
+    b = NestedBatch.from_padded(data, lengths)
+    u = b * 1.0
+    operands = (b, b) if op in ("addcmul_", "addcdiv_") else (b,)
+    getattr(u, op)(*operands)
+    assert u.layout is Layout.PADDED
+    (grad,) = torch.autograd.grad(sum(s.sum() for s in u.unbind()), data)
+    assert torch.equal(grad[1, 1:], torch.zeros_like(grad[1, 1:]))
+    for i, n in enumerate(lengths):
+        sample = data[i, :n].detach().requires_grad_()
+        inner = sample * 1.0
+        getattr(inner, op)(*((sample,) * len(operands)))
+        (expected,) = torch.autograd.grad(inner.sum(), sample)
+        assert torch.allclose(grad[i, :n], expected)

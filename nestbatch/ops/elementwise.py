@@ -221,13 +221,12 @@ def _padded_operands(target: NestedBatch, stored: Padded, args: tuple,
             if x.ragged_dim != target.ragged_dim or x.dim() != target.dim():
                 return None
             check_same_structure(target, x, "the two batches of an elementwise op")
-            cached = cached_layout(x, Layout.PADDED)
-            if (cached is not None and stored.padding_side == "right"
-                    and cached.padded_shape == stored.padded_shape):
-                x = cached.data
-            else:
-                x = x.padded(0.0, tuple(stored.padded_shape),
-                             padding_side=stored.padding_side).data
+            padded = cached_layout(x, Layout.PADDED)
+            if (padded is None or stored.padding_side != "right"
+                    or padded.padded_shape != stored.padded_shape):
+                padded = x.padded(0.0, tuple(stored.padded_shape),
+                                  padding_side=stored.padding_side)
+            x = _without_padding_gradient(padded)
         elif isinstance(x, Tensor) and x.dim() > 0 and (
                 target.ragged_dim != 1 or x.dim() > len(target.feature_shape)):
             return None
