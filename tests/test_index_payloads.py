@@ -114,3 +114,23 @@ def test_graph_example_against_a_per_graph_loop():
         for s, t in e.tolist():
             expect[t] += x[s]
         torch.testing.assert_close(got, expect)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int8, torch.uint8, torch.int32])
+def test_narrow_index_dtypes_never_wrap(dtype):
+    """Local ids that fit a narrow dtype while the packed rows do not: the shift and the range
+    check ran in the indices' dtype and wrapped (int16 edges of 400 graphs of 100 nodes gave
+    -25636, and the check passed)."""
+    nodes = nb.nested([torch.randn(100, 2) for _ in range(400)])  # 40,000 packed rows
+    local = torch.tensor([[0, 99]], dtype=dtype)
+    edges = nb.nested([local] * 400)
+    packed = nb.packed_indices(edges, nodes)
+    expected = edges.values.long() + nodes.offsets[:-1][edges.row_ids][:, None]
+    assert packed.values.dtype == (torch.int32 if dtype == torch.int32 else torch.int64)
+    assert torch.equal(packed.values.long(), expected)
+    assert torch.equal(nodes.values[packed.values[-1].long()], nodes[399][[0, 99]])
+    back = nb.local_indices(packed, edges, nodes)
+    assert torch.equal(back.values.long(), edges.values.long())
+    # The inverse keeps the packed dtype: the local ids fit it whenever the packed ones do.
+    small = nb.local_indices(packed.values.to(torch.int64), edges, nodes)
+    assert small.values.dtype == torch.int64

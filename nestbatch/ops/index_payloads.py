@@ -45,7 +45,8 @@ def packed_indices(indices: NestedBatch, into: NestedBatch, *, validate: bool = 
     Returns
     -------
     NestedBatch
-        Same structure as ``indices``; ``into.values[result.values]`` gathers the rows.
+        Same structure as ``indices``; ``into.values[result.values]`` gathers the rows. Of the
+        indices' dtype where that is int32 or int64, else int64 (a narrower dtype would wrap).
 
     Raises
     ------
@@ -56,7 +57,7 @@ def packed_indices(indices: NestedBatch, into: NestedBatch, *, validate: bool = 
     shift = _sample_starts(indices, into)
     if validate:
         _check_range(indices.values, _per_row(into.lengths, indices), "indices", "local")
-    return indices.with_values(indices.values + shift)
+    return indices.with_values((indices.values + shift).to(_packed_dtype(indices, into)))
 
 
 def local_indices(packed: Tensor | NestedBatch, indices: NestedBatch, into: NestedBatch, *,
@@ -91,10 +92,10 @@ def local_indices(packed: Tensor | NestedBatch, indices: NestedBatch, into: Nest
             f"packed must be a tensor shaped as indices.values {tuple(indices.values.shape)}, "
             f"got {shape}"
         )
-    local = packed - _sample_starts(indices, into)
+    local = packed - _sample_starts(indices, into)  # (in int64: the starts may not fit)
     if validate:
         _check_range(local, _per_row(into.lengths, indices), "packed", "global")
-    return indices.with_values(local)
+    return indices.with_values(local.to(packed.dtype))  # (each within its sample: it fits)
 
 
 def _sample_starts(indices: NestedBatch, into: NestedBatch) -> Tensor:
@@ -117,9 +118,33 @@ def _sample_starts(indices: NestedBatch, into: NestedBatch) -> Tensor:
 
 
 def _per_row(per_sample: Tensor, indices: NestedBatch) -> Tensor:
-    # One value per sample of ``into``, at each packed row of ``indices``, as its values' dtype.
+    # One value per sample of ``into``, at each packed row of ``indices``, in int64: in the
+    # indices' own dtype a start or size past its range would wrap (int16 edges of 400 graphs
+    # of 100 nodes), and so would the check made with it.
     values = indices.values
-    return per_sample.to(values.dtype)[indices.row_ids].view(-1, *([1] * (values.dim() - 1)))
+    return per_sample.to(torch.int64)[indices.row_ids].view(-1, *([1] * (values.dim() - 1)))
+
+
+def _packed_dtype(indices: NestedBatch, into: NestedBatch) -> torch.dtype:
+    """The dtype of packed indices: the indices' own where it is int32 or int64, else int64
+    (narrower ones cannot hold the rows of most packed batches; torch's promotion of the
+    documented rule gives int64 too).
+
+    Raises
+    ------
+    ValueError
+        For int32 indices into a batch of more rows than int32 holds (known on the host).
+    """
+    dtype = indices.values.dtype
+    if dtype == torch.int32:
+        partition = into.partition
+        if partition.knows_total and partition.total > torch.iinfo(torch.int32).max + 1:
+            raise ValueError(
+                f"indices of dtype int32 cannot hold the packed rows of into ({partition.total} "
+                "rows): convert them to int64 first"
+            )
+        return dtype
+    return torch.int64
 
 
 def _check_range(local: Tensor, sizes: Tensor, name: str, kind: str) -> None:
