@@ -93,3 +93,18 @@ def test_errors_name_the_argument():
         NestedBatch.from_tensor(torch.ones(2, 3), [1, 2], padding=0)
     whole = NestedBatch.from_tensor(torch.arange(6).view(2, 3))
     assert whole.lengths.tolist() == [3, 3] and whole.to_list() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_from_tensor_lengths_and_empty_tensors_as_tf():
+    """TF: ``output[row] = tensor[row][:lengths[row]]``, negative lengths count as zero; an
+    empty tensor gives an empty ragged tensor (torch's reshape of 0 elements raised)."""
+    x = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    expected = [[1, 2], [], [7, 8, 9]]
+    assert NestedBatch.from_tensor(x, lengths=[2, -1, 5]).tolist() == expected
+    assert NestedBatch.from_tensor(x, torch.tensor([2, -1, 5], dtype=torch.int32)).tolist() \
+        == expected
+    for empty in (torch.zeros(0, 3), torch.zeros(2, 0), torch.zeros(2, 0, 4)):
+        batch = NestedBatch.from_tensor(empty, padding=0)
+        assert batch.batch_size == empty.shape[0] and batch.lengths.tolist() == [0] * len(empty)
+    with pytest.raises(TypeError):
+        NestedBatch.from_tensor(x, lengths=[1.5, 2, 3])

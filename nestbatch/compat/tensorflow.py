@@ -12,6 +12,7 @@ the helpers turn those into the batch's partition. ``docs/tensorflow.rst`` has t
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,9 +52,11 @@ def from_tensor(cls: type, tensor: Tensor, lengths: Tensor | Sequence[int] | Non
                 padding: float | None = None) -> NestedBatch:
     """Batch from padded ``tensor (B, N, *feature)`` (TF ``RaggedTensor.from_tensor``).
 
-    With ``lengths``: :meth:`~nestbatch.NestedBatch.from_padded`. With ``padding``: the trailing
-    slots whose entries all equal ``padding`` are cut (padding inside a row is kept). With
-    neither: every row is whole. Shares ``tensor``.
+    With ``lengths``: row ``b`` is ``tensor[b, :lengths[b]]``, as TF's (a negative length is
+    0, one past the row takes the whole row), through
+    :meth:`~nestbatch.NestedBatch.from_padded`. With ``padding``: the trailing slots whose
+    entries all equal ``padding`` are cut (padding inside a row is kept). With neither: every
+    row is whole. Shares ``tensor``.
     """
     check_tensor(tensor, "tensor")
     if lengths is not None and padding is not None:
@@ -63,8 +66,13 @@ def from_tensor(cls: type, tensor: Tensor, lengths: Tensor | Sequence[int] | Non
     if padding is not None:
         return cls.from_padded(tensor, lengths_without_trailing_padding(tensor, padding),
                                validate=False)
+    width = tensor.shape[1]
     if lengths is None:
-        lengths = [tensor.shape[1]] * tensor.shape[0]
+        lengths = [width] * tensor.shape[0]
+    elif isinstance(lengths, Tensor):
+        lengths = lengths.clamp(0, width) if not lengths.is_floating_point() else lengths
+    else:
+        lengths = [min(max(n, 0), width) for n in host_ints(lengths, "lengths")]
     return cls.from_padded(tensor, lengths)
 
 
@@ -278,6 +286,7 @@ def lengths_without_trailing_padding(data: Tensor, padding: float) -> Tensor:
     check_tensor(data, "data")
     if data.dim() < 2:
         raise ValueError(f"data must have shape (B, N, *feature), got {tuple(data.shape)}")
-    is_pad = (data == padding).reshape(*data.shape[:2], -1).all(-1)
+    # (Sizes, not -1: a tensor of no row or no slot has no element to infer one from.)
+    is_pad = (data == padding).reshape(*data.shape[:2], math.prod(data.shape[2:])).all(-1)
     trailing = is_pad.flip(1).to(torch.int64).cumprod(1).sum(1)
     return data.shape[1] - trailing
