@@ -108,3 +108,18 @@ def test_from_tensor_lengths_and_empty_tensors_as_tf():
         assert batch.batch_size == empty.shape[0] and batch.lengths.tolist() == [0] * len(empty)
     with pytest.raises(TypeError):
         NestedBatch.from_tensor(x, lengths=[1.5, 2, 3])
+
+
+def test_to_tensor_pads_or_truncates_to_shape_as_tf():
+    """TF: "the output will be padded or truncated to the given shape" (its docs' example:
+    ``rt.to_tensor(shape=[5, 2])``); torch's to_padded_tensor refuses a smaller size."""
+    rt = nestbatch.nested([torch.tensor(r) for r in ([1, 2, 3], [], [4], [5, 6, 7, 8])])
+    assert rt.to_tensor(shape=[5, 2]).tolist() == [[1, 2], [0, 0], [4, 0], [5, 6], [0, 0]]
+    assert rt.to_tensor(-1, shape=[2, None]).tolist() == [[1, 2, 3, -1], [-1, -1, -1, -1]]
+    assert rt.to_tensor(shape=[None, 6]).shape == (4, 6)
+    leaf = torch.arange(8.0, requires_grad=True)
+    batch = NestedBatch.from_lengths(leaf, [3, 0, 1, 4])
+    (grad,) = torch.autograd.grad(batch.to_tensor(shape=[3, 2]).sum(), leaf)
+    assert grad.tolist() == [1, 1, 0, 1, 0, 0, 0, 0]
+    with pytest.raises(ValueError):
+        rt.to_tensor(shape=[4])

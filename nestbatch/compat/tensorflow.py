@@ -30,6 +30,7 @@ from nestbatch.checks import (
     checked_host_sizes,
     host_ints,
 )
+from nestbatch.kernels.checks import check_count
 from nestbatch.layouts import Packed, RowPartition
 
 
@@ -220,9 +221,24 @@ def bounding_shape(batch: NestedBatch) -> Tensor:
 
 def to_tensor(batch: NestedBatch, default_value: float = 0.0,
               shape: Sequence[int | None] | None = None) -> Tensor:
-    """TF's name for :meth:`~nestbatch.NestedBatch.to_padded_tensor`: ``shape`` is the full
-    logical shape (None entries: the maximum)."""
-    return batch.to_padded_tensor(default_value, shape)
+    """TF's name for :meth:`~nestbatch.NestedBatch.to_padded_tensor`, with TF's ``shape``: the
+    full logical shape of the result (None or -1 entries: the batch's own size), to which it is
+    padded with ``default_value`` or truncated, dim by dim (``to_padded_tensor`` refuses a size
+    below the batch's own)."""
+    if shape is None:
+        return batch.to_padded_tensor(default_value)
+    shape = list(shape)
+    if len(shape) != batch.dim() or any(
+            s is not None and s != -1 and check_count(s, "shape") < 0 for s in shape):
+        return batch.to_padded_tensor(default_value, shape)  # (its error names what is wrong)
+    dense = batch.to_padded_tensor(default_value)
+    wanted = [n if s is None or s == -1 else s for s, n in zip(shape, dense.shape)]
+    if wanted == list(dense.shape):
+        return dense
+    out = dense.new_full(wanted, default_value)
+    common = tuple(slice(0, min(w, n)) for w, n in zip(wanted, dense.shape))
+    out[common] = dense[common]
+    return out
 
 
 def to_list(batch: NestedBatch) -> list:
