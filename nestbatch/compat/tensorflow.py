@@ -227,12 +227,11 @@ def to_tensor(batch: NestedBatch, default_value: float = 0.0,
     below the batch's own)."""
     if shape is None:
         return batch.to_padded_tensor(default_value)
-    shape = list(shape)
-    if len(shape) != batch.dim() or any(
-            s is not None and s != -1 and check_count(s, "shape") < 0 for s in shape):
-        return batch.to_padded_tensor(default_value, shape)  # (its error names what is wrong)
+    shape = [None if s is None or s == -1 else check_count(s, "shape") for s in shape]
+    if len(shape) != batch.dim():
+        return batch.to_padded_tensor(default_value, shape)  # (its error names the rank)
     dense = batch.to_padded_tensor(default_value)
-    wanted = [n if s is None or s == -1 else s for s, n in zip(shape, dense.shape)]
+    wanted = [n if s is None else s for s, n in zip(shape, dense.shape)]
     if wanted == list(dense.shape):
         return dense
     out = dense.new_full(wanted, default_value)
