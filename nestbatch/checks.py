@@ -243,7 +243,8 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
     ValueError
         If a size is negative, or too large for int64.
     """
-    read = None if making_fake_tensors() else host_sizes(value)
+    fake = making_fake_tensors()
+    read = None if fake else host_sizes(value)
     if read is not None:
         offsets, total, smallest, largest = read
         if smallest < 0:
@@ -254,7 +255,7 @@ def checked_host_sizes(value: object, name: str) -> HostSizes:
         sizes = tuple(value)
     else:
         sizes = host_ints(value, name)
-    if len(sizes) < MANY_SIZES or making_fake_tensors():
+    if len(sizes) < MANY_SIZES or fake:
         smallest, largest = (min(sizes), max(sizes)) if sizes else (0, 0)
         tensor, total = None, sum(sizes)
     else:

@@ -71,6 +71,7 @@ def from_tensor(cls: type, tensor: Tensor, lengths: Tensor | Sequence[int] | Non
     if lengths is None:
         lengths = [width] * tensor.shape[0]
     elif isinstance(lengths, Tensor):
+        # (A float tensor goes on unclamped: from_padded refuses its dtype.)
         lengths = lengths.clamp(0, width) if not lengths.is_floating_point() else lengths
     else:
         lengths = [min(max(n, 0), width) for n in host_ints(lengths, "lengths")]

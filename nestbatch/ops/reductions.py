@@ -458,12 +458,13 @@ def _rows_at(batch: NestedBatch, index: Tensor, name: str) -> Tensor:
     """``(B, *F)``: every sample's packed row ``index`` (``(B, *F)`` positions in the sample,
     -1 for an empty one, which gets the documented empty extreme)."""
     values = batch.packed().values
-    empty = fill_value_for(values.dtype, "lowest" if name == "max" else "highest")
+    reduce = "amax" if name == "max" else "amin"
     if values.shape[0] == 0:
-        return values.new_full(index.shape, empty)
+        return values.new_full(index.shape, fill_value_for(
+            values.dtype, "lowest" if name == "max" else "highest"))
     start = batch.offsets[:-1].view(-1, *([1] * (index.dim() - 1)))
     rows = (start + index.clamp(min=0)).clamp(max=values.shape[0] - 1)
-    return torch.where(index >= 0, values.gather(0, rows), empty)
+    return fill_empty(values.gather(0, rows), batch.partition, reduce)  # (empty: index -1)
 
 
 # =========================================================================== softmax

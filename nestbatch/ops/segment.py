@@ -227,8 +227,7 @@ class SegmentExtreme(torch.autograd.Function):
         values, out, row_ids = ctx.saved_tensors
         ties = values == out.index_select(0, row_ids)
         per_row = ties.sum(ctx.features, keepdim=True) if ctx.features else ties
-        count = out.new_zeros(out.shape, dtype=torch.int64).index_add_(
-            0, row_ids, per_row.to(torch.int64))
+        count = _per_sample_count(per_row, out.shape, row_ids)
         return (grad / count).index_select(0, row_ids) * ties, None, None, None, None
 
 
@@ -248,14 +247,20 @@ class SegmentProduct(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         values, out, offsets, row_ids = ctx.saved_tensors
         zero = values == 0
-        zeros = out.new_zeros(out.shape, dtype=torch.int64).index_add_(
-            0, row_ids, zero.to(torch.int64)).index_select(0, row_ids)
+        zeros = _per_sample_count(zero, out.shape, row_ids).index_select(0, row_ids)
         nonzero = torch.segment_reduce(values.masked_fill(zero, 1), "prod", offsets=offsets,
                                        axis=0, unsafe=True).index_select(0, row_ids)
         # No zero: result / x. One zero: the product of the others at it, 0 elsewhere. More: 0.
         share = torch.where(zeros == 0, out.index_select(0, row_ids) / values,
                             torch.where(zero & (zeros == 1), nonzero, 0.0))
         return grad.index_select(0, row_ids) * share, None, None
+
+
+def _per_sample_count(flags: Tensor, shape: torch.Size, row_ids: Tensor) -> Tensor:
+    """``shape`` ``(B, *F)`` int64: the True ``flags`` ``(total, *F)`` of every sample's rows
+    (the backward functions above have row ids, not a batch: compile traces tensors)."""
+    return torch.zeros(shape, dtype=torch.int64, device=flags.device).index_add_(
+        0, row_ids, flags.to(torch.int64))
 
 
 class MaskedExtreme(torch.autograd.Function):
