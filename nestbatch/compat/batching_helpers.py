@@ -22,8 +22,10 @@ Conventions
   i.e. it synchronizes with the device. On the host, where the operator
   indexes only the valid slots through torch's checked indexing, the operator
   runs first and the check runs only when it raises. ``check_bounds=False``
-  skips the check and every device read; out-of-range indices are then
-  skipped by the kernels (never read or written).
+  skips the check and every device read on a device, where the compiled CUDA
+  kernels then skip an out-of-range index (never read or written). On the host,
+  where the check reads no device, it always runs: an out-of-range index
+  raises and a negative one counts as above, whatever ``check_bounds`` says.
 * Filler (padded) output slots hold the documented filler value (0 by
   default); their gradients are zero.
 """
@@ -192,10 +194,12 @@ def _call_checked(name: str, args: tuple, checks: Sequence[_RangeCheck], check_b
     launch before that read and the one sync waits for both (elsewhere the read comes first).
     When a slot is outside ``[0, bound)`` the valid slots alone are checked (padding may hold
     anything; ``IndexError`` for the first bad one) and the operator reruns with the negative
-    indices resolved. ``mismatch`` is read in the same read. Without ``check_bounds``: the
-    operator alone, the indices must be in ``[0, bound)``.
+    indices resolved. ``mismatch`` is read in the same read. Without ``check_bounds``, off the
+    host: the operator alone, the indices must be in ``[0, bound)``. On the host the check reads
+    no device, so it always runs: the PyTorch implementations would otherwise count a negative
+    index from the end of the whole dim, not of the sample.
     """
-    if not check_bounds:
+    if not check_bounds and not kernels.runs_on_host(args[0]):
         return kernels.call(name, *args)
     if torch.compiler.is_compiling():
         # A compiled graph cannot read the device to raise: negative indices are resolved
@@ -459,7 +463,8 @@ def batched_indexing_access(
         ``input_indices.non_uniform_dim``. Must not be a batch dim.
     check_bounds : bool, keyword-only
         Range-check the indices (default; on a device one sync, see the module notes).
-        ``False`` skips the check: the indices must then be in ``[0, size)``.
+        ``False`` skips it on a device: the indices must then be in ``[0, size)``. On
+        the host it always runs (it reads no device).
 
     Returns
     -------
@@ -520,7 +525,8 @@ def batched_indexing_write(
         ``output_indices.non_uniform_dim``.
     check_bounds : bool, keyword-only
         Range-check the indices (default; on a device one sync, see the module notes).
-        ``False`` skips the check: the indices must then be in ``[0, size)``.
+        ``False`` skips it on a device: the indices must then be in ``[0, size)``. On
+        the host it always runs (it reads no device).
 
     Returns
     -------
@@ -577,7 +583,8 @@ def batched_inverse_indexing_access(
         Indexed dim; defaults to ``output_indices.non_uniform_dim``.
     check_bounds : bool, keyword-only
         Range-check the indices (default; on a device one sync, see the module notes).
-        ``False`` skips the check: the indices must then be in ``[0, size)``.
+        ``False`` skips it on a device: the indices must then be in ``[0, size)``. On
+        the host it always runs (it reads no device).
 
     Returns
     -------
@@ -636,7 +643,8 @@ def batched_index_mapping(
         ``source_data`` and same shape outside the indexed dim.
     check_bounds : bool, keyword-only
         Range-check the indices (default; on a device one sync, see the module notes).
-        ``False`` skips the check: the indices must then be in ``[0, size)``.
+        ``False`` skips it on a device: the indices must then be in ``[0, size)``. On
+        the host it always runs (it reads no device).
 
     Returns
     -------
@@ -670,8 +678,6 @@ def batched_index_mapping(
     mismatch = None
     if src_idx.sample_sizes is not tgt_idx.sample_sizes:
         mismatch = _SizeMismatch(s_sizes != t_sizes, s_sizes, t_sizes)
-        if not check_bounds and s_sizes.is_cpu:
-            mismatch.check(int(mismatch.differs.sum()))  # host memory: free to read
     if s_flat.shape[1] != width:
         s_flat = s_flat[:, :width]
     if t_flat.shape[1] != width:
@@ -703,7 +709,8 @@ def get_mask_from_indices(
         ``int32``/``int64`` indices ``(*batch_shape, max_num_indices)``.
     check_bounds : bool, keyword-only
         Range-check the indices (default; on a device one sync, see the module notes).
-        ``False`` skips the check: the indices must then be in ``[0, size)``.
+        ``False`` skips it on a device: the indices must then be in ``[0, size)``. On
+        the host it always runs (it reads no device).
 
     Returns
     -------

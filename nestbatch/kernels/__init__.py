@@ -32,7 +32,7 @@ from nestbatch.kernels.api import (
     packed_to_padded,
     padded_to_packed,
 )
-from nestbatch.kernels.dispatch import call, call_validating, runs_compiled
+from nestbatch.kernels.dispatch import call, call_validating, runs_compiled, runs_on_host
 from nestbatch.kernels.extension import extension_status, load_extension
 
 __all__ = [
@@ -51,4 +51,5 @@ __all__ = [
     "packed_to_padded",
     "padded_to_packed",
     "runs_compiled",
+    "runs_on_host",
 ]

@@ -27,7 +27,10 @@ from nestbatch.kernels.checks import (
 from nestbatch.kernels.dispatch import CPU, call, runs_on_host
 
 _CHECK_BOUNDS = """    check_bounds : bool, default True
-        Raise ``IndexError`` on a valid slot out of range (one device read).
+        Raise ``IndexError`` on a valid slot out of range (one device read). ``False`` skips
+        the check for indices known to be in range: a slot that is not is skipped by the CUDA
+        kernels (never read or written); on the CPU it raises torch's error or reaches another
+        slot of its own sample.
 """
 _CHECK_PAIRS = _CHECK_BOUNDS.replace("valid slot", "valid pair")
 _MAX_COUNT = """    max_count : int, optional
