@@ -41,6 +41,19 @@ def test_accessors_print_like_the_guide():
     assert len(rt) == 5  # nrows()
 
 
+def test_row_starts_and_limits_of_nested_raggedness_index_tf_values():
+    # TF's guide: from_nested_row_splits(range(10, 20), ([0, 1, 1, 5], [0, 3, 3, 5, 9, 10])) is
+    # [[[10, 11, 12]], [], [[], [13, 14], [15, 16, 17, 18], [19]]]; its row_starts() and
+    # row_limits() index rt.values (the rows one level down), as row_splits does.
+    rt = NestedBatch.from_nested_row_splits(torch.arange(10, 20), ([0, 1, 1, 5],
+                                                                 [0, 3, 3, 5, 9, 10]))
+    assert rt.row_starts().tolist() == [0, 1, 1]
+    assert rt.row_limits().tolist() == [1, 1, 5]
+    rows = rt.values.tolist()
+    assert [rows[a:b] for a, b in zip(rt.row_starts().tolist(), rt.row_limits().tolist())] \
+        == rt.tolist()
+
+
 def test_from_tensor_with_padding_and_lengths_and_to_tensor():
     x = torch.tensor([[1, 3, -1, -1], [2, -1, -1, -1], [4, 5, 8, 9]])
     assert NestedBatch.from_tensor(x, padding=-1).tolist() == [[1, 3], [2], [4, 5, 8, 9]]

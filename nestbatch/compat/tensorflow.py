@@ -200,13 +200,22 @@ def _require_levels(batch: NestedBatch, what: str) -> None:
 
 
 def row_starts(batch: NestedBatch) -> Tensor:
-    """``(B,)`` int64: where every sample starts in the packed values (``offsets[:-1]``)."""
-    return batch.offsets[:-1]
+    """``(B,)``: where every sample starts in TF's ``values`` (``row_splits[:-1]``): in the
+    packed values for one level of raggedness, in the rows one level down (``batch.values``)
+    for nested raggedness, whose ``batch.offsets`` count the innermost rows instead."""
+    return _row_splits(batch)[:-1]
 
 
 def row_limits(batch: NestedBatch) -> Tensor:
-    """``(B,)`` int64: where every sample ends in the packed values (``offsets[1:]``)."""
-    return batch.offsets[1:]
+    """``(B,)``: where every sample ends in TF's ``values`` (``row_splits[1:]``; see
+    :func:`row_starts`)."""
+    return _row_splits(batch)[1:]
+
+
+def _row_splits(batch: NestedBatch) -> Tensor:
+    """TF's ``row_splits``: the outermost level's offsets."""
+    partition = batch.partition
+    return partition.offsets if partition.ragged_rank == 1 else partition.levels[0].offsets
 
 
 def bounding_shape(batch: NestedBatch) -> Tensor:
