@@ -54,6 +54,18 @@ def test_row_starts_and_limits_of_nested_raggedness_index_tf_values():
         == rt.tolist()
 
 
+@pytest.mark.parametrize("padding", [300, -1, 0.5, float("nan"), torch.tensor(0), "0"])
+def test_from_tensor_refuses_padding_the_dtype_does_not_hold(padding):
+    # TF converts padding to the tensor's dtype: 300, -1, 0.5 and NaN are not uint8 values (they
+    # matched no slot here, so nothing was cut: a silent no-op).
+    x = torch.tensor([[1, 2, 0], [3, 0, 0]], dtype=torch.uint8)
+    with pytest.raises(ValueError, match="padding must be one value of tensor's dtype"):
+        NestedBatch.from_tensor(x, padding=padding)
+    assert NestedBatch.from_tensor(x, padding=torch.tensor(0, dtype=torch.uint8)).tolist() \
+        == [[1, 2], [3]]
+    assert NestedBatch.from_tensor(x.float(), padding=0.5).tolist() == x.float().tolist()
+
+
 def test_from_tensor_with_padding_and_lengths_and_to_tensor():
     x = torch.tensor([[1, 3, -1, -1], [2, -1, -1, -1], [4, 5, 8, 9]])
     assert NestedBatch.from_tensor(x, padding=-1).tolist() == [[1, 3], [2], [4, 5, 8, 9]]

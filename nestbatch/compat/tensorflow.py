@@ -31,6 +31,7 @@ from nestbatch.checks import (
     host_ints,
 )
 from nestbatch.kernels.checks import check_count
+from nestbatch.kernels.host_library import held_exactly
 from nestbatch.layouts import Packed, RowPartition
 
 
@@ -65,6 +66,7 @@ def from_tensor(cls: type, tensor: Tensor, lengths: Tensor | Sequence[int] | Non
     if tensor.dim() < 2:
         raise ValueError(f"tensor must have shape (B, N, *feature), got {tuple(tensor.shape)}")
     if padding is not None:
+        _check_padding(padding, tensor.dtype)
         return cls.from_padded(tensor, lengths_without_trailing_padding(tensor, padding),
                                validate=False)
     width = tensor.shape[1]
@@ -76,6 +78,19 @@ def from_tensor(cls: type, tensor: Tensor, lengths: Tensor | Sequence[int] | Non
     else:
         lengths = [min(max(n, 0), width) for n in host_ints(lengths, "lengths")]
     return cls.from_padded(tensor, lengths)
+
+
+def _check_padding(padding: object, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` for a padding TF's ``from_tensor`` refuses: it converts padding to
+    the tensor's dtype, which refuses a number that dtype does not hold (``0.5`` or ``300`` for
+    ``uint8``) and a tensor of another dtype or of more than one element."""
+    if isinstance(padding, Tensor):
+        if padding.numel() == 1 and padding.dtype == dtype:
+            return
+    elif isinstance(padding, int | float) and held_exactly(padding, dtype):
+        return
+    raise ValueError(f"padding must be one value of tensor's dtype {dtype}, as TF's from_tensor "
+                     f"converts it, got {padding!r}")
 
 
 def from_nested_row_splits(
