@@ -692,6 +692,16 @@ def test_unsqueeze_refuses_the_batch_dim_and_dims_among_several_ragged_dims():
     _close(images.unsqueeze(3).unbind(), [s.unsqueeze(2) for s in images.unbind()])
 
 
+def test_flatten_defaults_to_torchs_start_dim_and_refuses_the_batch_dim():
+    # torch's flatten() starts at dim 0 (torch.nested refuses it): it flattened the feature dims.
+    b = nestbatch.nested([torch.randn(2, 3, 4), torch.randn(5, 3, 4)])
+    for call in (lambda: b.flatten(), lambda: torch.flatten(b), lambda: b.flatten(end_dim=1)):
+        with pytest.raises(ValueError, match=r"flatten\(0, \d\): only feature dims"):
+            call()
+    assert b.flatten(2).shape == b.flatten(start_dim=2, end_dim=-1).shape
+    _close(b.flatten(2).unbind(), [s.flatten(1) for s in b.unbind()])
+
+
 def test_flatten_before_a_moved_ragged_dim_moves_it_down():
     samples = _samples(2, 3, 4)
     y = nestbatch.nested(samples).permute(0, 2, 3, 1, 4)  # samples (2, 3, L, 4), ragged_dim 3

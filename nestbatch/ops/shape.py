@@ -388,7 +388,8 @@ def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             values.squeeze(tuple(values_dim(batch, d) for d in kept)),
             rd - sum(d < rd for d in kept),
         )
-    start = normalize_dim(batch, args[1] if len(args) > 1 else kwargs.get("start_dim", k + 1))
+    # torch's default start_dim, 0: flattening the batch dim is refused, as torch.nested does.
+    start = normalize_dim(batch, args[1] if len(args) > 1 else kwargs.get("start_dim", 0))
     end = normalize_dim(batch, args[2] if len(args) > 2 else kwargs.get("end_dim", -1))
     if any(dim_kind(batch, d) != "feature" for d in range(start, end + 1)):
         raise ValueError(f"flatten({start}, {end}): only feature dims can be flattened")
