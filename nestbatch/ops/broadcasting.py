@@ -6,8 +6,8 @@ The operands of an elementwise op line up with the batch's dims from the right, 
 * a dense tensor with at most as many dims as the feature dims broadcasts over the features;
 * a longer dense tensor ``(b, *r, *f)`` must have size 1 on every ragged dim (``r``) and ``b``
   equal to 1 or to the batch size: ``(B, 1)`` is one value per sample, spread over its rows;
-* another batch must have the same row structure (per-sample ragged shapes); the feature dims
-  broadcast as dense dims do.
+* another batch must have the same row structure (per-sample ragged shapes) and as many dims;
+  the feature dims broadcast as dense dims do (sizes 1 spread).
 
 With the ragged dim moved to logical dim ``r > 1`` (:attr:`~nestbatch.NestedBatch.ragged_dim`),
 a dense operand may span only the logical dims after the ragged one (they are the trailing
@@ -47,16 +47,23 @@ def packed_operand(x: Any, ref: NestedBatch, nf: int) -> Any:
     Returns
     -------
     Tensor or any
-        A tensor ``(total, *1, *feature)`` for a batch or a per-sample tensor, a tensor over the
-        feature dims for a feature tensor, ``x`` itself otherwise.
+        A tensor ``(total, *feature)`` for a batch (of ``nf`` feature dims, else ``ValueError``),
+        ``(total, *1, *feature)`` for a per-sample tensor, a tensor over the feature dims for a
+        feature tensor, ``x`` itself otherwise.
     """
     if ref.ragged_dim != 1 or (is_batch(x) and x.ragged_dim != 1):
         _check_moved_operand(x, ref)
     if is_batch(x):
+        if len(x.feature_shape) != nf:
+            # Per sample, torch would line the shorter one's ragged dim up with a feature dim
+            # of the other: no rule for a batch (torch.nested and TF refuse it too).
+            raise ValueError(
+                f"Unable to broadcast: the batches of an elementwise op have different numbers "
+                f"of dims ({x.dim()} and {x.dim() - len(x.feature_shape) + nf}); unsqueeze "
+                "the one with fewer first"
+            )
         check_same_structure(ref, x, "the two batches of an elementwise op")
-        values = x.packed().values
-        missing = nf - (values.dim() - 1)
-        return values.reshape(values.shape[0], *([1] * missing), *values.shape[1:])
+        return x.packed().values
     if isinstance(x, Tensor) and x.dim() > nf:
         return _dense_per_sample(x, ref, nf)
     return x

@@ -1,8 +1,9 @@
 """Whole-batch comparisons: ``torch.equal``, ``torch.allclose`` (and their Tensor methods).
 
 Two batches are equal when they have the same structure (batch size, ragged dims and where the
-ragged dim is presented, per-sample ragged shapes, feature shape, dtype) and the same values;
-``allclose`` relaxes the values as :func:`torch.allclose` does. A batch and a tensor are never
+ragged dim is presented, per-sample ragged shapes, feature shape) and the same values, compared
+across dtypes as :func:`torch.equal` does; ``allclose`` relaxes the values as
+:func:`torch.allclose` does, and raises for two dtypes as it does. A batch and a tensor are never
 equal. These read the answer on the host (a sync on a GPU), as torch's own do; comparing
 per-sample shapes that exist only on the device reads them too.
 
@@ -24,9 +25,9 @@ _ANY_LAYOUT = (Layout.PACKED, Layout.PADDED, Layout.LIST)
 
 
 def same_structure(a: NestedBatch, b: NestedBatch) -> bool:
-    """Whether ``a`` and ``b`` have the same structure and dtype (values not compared)."""
-    if (a.batch_size, a.num_ragged_dims, a.ragged_dim, a.feature_shape, a.dtype) != (
-        b.batch_size, b.num_ragged_dims, b.ragged_dim, b.feature_shape, b.dtype
+    """Whether ``a`` and ``b`` have the same structure (values and dtypes not compared)."""
+    if (a.batch_size, a.num_ragged_dims, a.ragged_dim, a.feature_shape) != (
+        b.batch_size, b.num_ragged_dims, b.ragged_dim, b.feature_shape
     ):
         return False
     pa, pb = a.partition, b.partition
@@ -50,6 +51,10 @@ def _equal(layout: Layout, func: Any, args: tuple, kwargs: dict) -> bool:
           moved_ragged=True)
 def _allclose(layout: Layout, func: Any, args: tuple, kwargs: dict) -> bool:
     a, b, *rest = args
-    if not (isinstance(a, NestedBatch) and isinstance(b, NestedBatch) and same_structure(a, b)):
+    if not (isinstance(a, NestedBatch) and isinstance(b, NestedBatch)):
+        return False
+    if a.dtype != b.dtype:  # torch's own error, of two empty tensors of the dtypes
+        return torch.allclose(torch.empty(0, dtype=a.dtype), torch.empty(0, dtype=b.dtype))
+    if not same_structure(a, b):
         return False
     return torch.allclose(a.values, b.values.to(a.device), *rest, **kwargs)

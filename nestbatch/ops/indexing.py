@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import warnings
 from typing import Any
 
 import torch
@@ -138,6 +139,10 @@ def batch_index_tensor(index: Any, batch_size: int) -> tuple[Tensor, list[int] |
         return torch.tensor(host, dtype=torch.int64), host
     if not isinstance(index, Tensor):
         index = _host_index(index)
+    if index.dtype == torch.uint8:  # torch's deprecated reading of a uint8 index: a mask
+        warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                      "torch.bool instead.", UserWarning, stacklevel=2)
+        index = index.bool()
     if index.dtype == torch.bool:
         if index.shape != (batch_size,):
             raise IndexError(
@@ -146,6 +151,8 @@ def batch_index_tensor(index: Any, batch_size: int) -> tuple[Tensor, list[int] |
         return index.nonzero().flatten(), None
     if index.is_floating_point() or index.is_complex():
         raise TypeError(f"batch index must be integer or bool, got {index.dtype}")
+    if index.dim() > 1:  # (dense indexing would add batch dims: a batch has one)
+        raise IndexError(f"a batch index tensor must be 1-d, got shape {tuple(index.shape)}")
     if index.dim() != 1:
         index = index.reshape(-1)
     if index.is_cpu:

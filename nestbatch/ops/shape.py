@@ -27,10 +27,12 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, moved_ragged_error, sample_of, storage_dim
+from nestbatch.checks import normalize_dim as checked_dim
 from nestbatch.layouts import Layout, RowPartition
 from nestbatch.layouts.sizes import RaggedSize
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
+    check_same_structure,
     dim_kind,
     feature_values_dim,
     is_batch,
@@ -199,6 +201,13 @@ def _reshape_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             f"{batch.ragged_dim} and the other at {other_rd}; a reshape keeps the ragged dim "
             "where it is"
         )
+    # torch's result has other's shape: the same samples (a dense other's ragged dim, which
+    # cannot hold their sizes, is not compared).
+    if is_batch(other):
+        check_same_structure(batch, other, f"{func.__name__}: the batch and other")
+    elif other.dim() < 1 or other.shape[0] != batch.batch_size:
+        raise ValueError(f"{func.__name__}: other must have the batch's {batch.batch_size} "
+                         f"samples in dim 0, got shape {tuple(other.shape)}")
     if batch.ragged_dim == 1:
         feature = tuple(other.feature_shape) if is_batch(other) else \
             tuple(other.shape[1 + batch.num_ragged_dims :])
@@ -257,6 +266,9 @@ def _movedim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         raise ValueError(f"movedim: {len(source)} source dims but {len(destination)} destinations")
     source = tuple(normalize_dim(batch, d, "source") for d in source)
     destination = tuple(normalize_dim(batch, d, "destination") for d in destination)
+    for name, dims in (("source", source), ("destination", destination)):
+        if len(set(dims)) != len(dims):
+            raise RuntimeError(f"movedim: repeated dim in `{name}` ({dims})")  # (torch's)
     # torch.movedim's rule: the moved dims land at their destinations, the others keep order.
     order: list[int | None] = [None] * batch.dim()
     for src, dst in zip(source, destination):
@@ -363,7 +375,8 @@ def _feature_dims(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     name = func.__name__
     values = batch.values
     if name == "unsqueeze":
-        dim = (args[1] if len(args) > 1 else kwargs["dim"]) % (batch.dim() + 1)
+        # (torch's range for a new dim: one more than the batch has)
+        dim = checked_dim(args[1] if len(args) > 1 else kwargs["dim"], batch.dim() + 1)
         if k > 1 and dim <= k:
             raise ValueError(f"unsqueeze({dim}): new dims go after the {k} ragged dims (> {k})")
         if dim == 0:
@@ -427,18 +440,40 @@ def _split_features(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any
 
 @register(*torch_funcs("narrow"), layouts=(Layout.PACKED,), moved_ragged=True)
 def _narrow(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``narrow`` of a feature dim (a view); of the ragged dim, ``b[:, start:start + length]``
-    in every sample (as torch.nested's narrow of its ragged dim)."""
+    """``narrow`` of a feature dim (a view); of the ragged dim, torch's ``narrow`` of every
+    sample (torch.nested refuses it): ``length`` rows from ``start``, counted from each
+    sample's end when negative. As torch's, it raises where a sample is too short, which reads
+    the sizes once (a sync) when only the device has them."""
     batch = args[0]
     dim = normalize_dim(batch, args[1] if len(args) > 1 else kwargs["dim"])
     start = int(args[2] if len(args) > 2 else kwargs["start"])
     length = int(args[3] if len(args) > 3 else kwargs["length"])
     if dim_kind(batch, dim) == "ragged" and batch.num_ragged_dims == 1:
+        _check_narrow_fits(batch, start, length)
+        stop = start + length
         index = [slice(None)] * (dim + 1)
-        index[dim] = slice(start, start + length)
+        index[dim] = slice(start, None if start < 0 <= stop else stop)
         return batch[tuple(index)]
     stored = feature_values_dim(batch, dim, "narrow")
     return batch.with_values(batch.values.narrow(stored, start, length))
+
+
+def _check_narrow_fits(batch: NestedBatch, start: int, length: int) -> None:
+    """Raise torch's ``narrow`` errors for the shortest sample (``IndexError`` for a start out
+    of range, ``RuntimeError`` for a length past its end)."""
+    if length < 0:
+        raise RuntimeError(f"narrow(): length must be non-negative, got {length}")
+    lengths = batch.partition.host_lengths
+    if not lengths:
+        return  # (no sample to narrow)
+    shortest = min(lengths)
+    if not -shortest <= start <= shortest:
+        raise IndexError(f"start out of range (expected to be in range of [{-shortest}, "
+                         f"{shortest}], but got {start}) for the shortest sample")
+    first = start + shortest if start < 0 else start
+    if first + length > shortest:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size "
+                           f"({shortest}) of the shortest sample")
 
 
 @register(*torch_funcs("numel", "element_size", "is_contiguous"),

@@ -1,0 +1,117 @@
+"""Shape, indexing, matmul and comparison ops where torch defines the answer per sample (or
+raises): each against torch on every sample alone, on every layout. Found by an audit of the
+tensor-likeness of these ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nestbatch
+from nestbatch import Layout
+
+LAYOUTS = (Layout.PACKED, Layout.PADDED, Layout.LIST)
+
+
+def _samples(*lengths: int, feature: tuple[int, ...] = (2,)) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(sum(lengths))
+    return [torch.randn(n, *feature, generator=gen) for n in lengths]
+
+
+def _assert_samples(batch, expected: list[torch.Tensor]) -> None:
+    got = batch.unbind()
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and torch.equal(g, e)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("start, length", [(0, 2), (-2, 2), (-3, 1), (-1, 1), (1, 2), (3, 0),
+                                           (-3, 3), (0, 0)])
+def test_narrow_of_the_ragged_dim_is_torchs_on_every_sample(layout, start, length):
+    # A negative start counts from each sample's end (it gave empty samples).
+    samples = _samples(3, 4, 5)
+    batch = nestbatch.nested(samples).to(layout)
+    _assert_samples(batch.narrow(1, start, length), [s.narrow(0, start, length) for s in samples])
+
+
+@pytest.mark.parametrize("start, length, error", [(1, 3, RuntimeError), (-4, 1, IndexError),
+                                                  (4, 0, IndexError), (-2, 3, RuntimeError),
+                                                  (0, -1, RuntimeError)])
+def test_narrow_past_a_sample_raises_as_torch(start, length, error):
+    samples = _samples(3, 4, 5)
+    with pytest.raises(error):
+        samples[0].narrow(0, start, length)
+    with pytest.raises(error):
+        nestbatch.nested(samples).narrow(1, start, length)
+
+
+@pytest.mark.parametrize("dim", [-6, -7, 5, 6, 9])
+def test_unsqueeze_out_of_range_raises_as_torch(dim):
+    # Torch's range for unsqueeze of a 4-d tensor is [-5, 4]; out of it, dims wrapped around.
+    batch = nestbatch.nested(_samples(2, 3, feature=(2, 6)))
+    with pytest.raises(IndexError):
+        torch.zeros(2, 3, 2, 6).unsqueeze(dim)
+    with pytest.raises(IndexError, match="out of range"):
+        batch.unsqueeze(dim)
+    _assert_samples(batch.unsqueeze(-4), [s.unsqueeze(-4) for s in batch.unbind()])
+
+
+@pytest.mark.parametrize("source, destination", [((1, 1), (2, 3)), ((2, 2), (3, 3)),
+                                                 ((2, 3), (3, 3))])
+def test_movedim_refuses_repeated_dims_as_torch(source, destination):
+    batch = nestbatch.nested(_samples(2, 3, feature=(2, 6, 5)))
+    with pytest.raises(RuntimeError, match="repeated dim"):
+        torch.zeros(2, 3, 2, 6, 5).movedim(source, destination)
+    with pytest.raises(RuntimeError, match="repeated dim"):
+        batch.movedim(source, destination)
+
+
+@pytest.mark.parametrize("name", ["reshape_as", "view_as"])
+def test_reshape_as_needs_others_samples(name):
+    # Torch's result has other's shape: a batch of other lengths, or a tensor of another batch
+    # size, gave the batch's own samples reshaped to other's feature dims.
+    batch = nestbatch.nested(_samples(3, 1, 4, feature=(2, 6)))
+    same = nestbatch.nested(_samples(3, 1, 4, feature=(12,)))
+    _assert_samples(getattr(batch, name)(same),
+                    [getattr(s, name)(o) for s, o in zip(batch.unbind(), same.unbind())])
+    with pytest.raises(ValueError, match="same row structure"):
+        getattr(batch, name)(nestbatch.nested(_samples(2, 2, feature=(12,))))
+    with pytest.raises(ValueError, match="other must have the batch's 3 samples"):
+        getattr(batch, name)(torch.zeros(7, 9, 12))
+
+
+def test_uint8_batch_index_is_a_mask_as_torchs():
+    # Torch reads a uint8 index as a mask (deprecated, with a warning): samples 0 and 2.
+    samples = _samples(1, 2, 3)
+    batch = nestbatch.nested(samples)
+    with pytest.warns(UserWarning, match="uint8 is now deprecated"):
+        picked = batch[torch.tensor([1, 0, 1], dtype=torch.uint8)]
+    _assert_samples(picked, [samples[0], samples[2]])
+    with pytest.raises(IndexError, match="must be 1-d"):
+        batch[torch.tensor([[0, 1], [1, 2]])]
+
+
+def test_equal_compares_values_across_dtypes_and_allclose_refuses_two_dtypes():
+    samples = [torch.tensor([1, 2]), torch.tensor([3])]
+    ints = nestbatch.nested(samples)
+    floats = nestbatch.nested([s.float() for s in samples])
+    assert torch.equal(samples[0], samples[0].float())
+    assert torch.equal(ints, floats) and ints.equal(floats)
+    assert not torch.equal(ints, nestbatch.nested([s.float() + 1 for s in samples]))
+    with pytest.raises(RuntimeError, match="Float did not match Double"):
+        torch.allclose(floats, nestbatch.nested([s.double() for s in samples]))
+    assert torch.allclose(floats, floats + 1e-9)
+
+
+def test_batches_of_different_ranks_do_not_broadcast():
+    # Per sample, torch lines x's ragged dim up with a feature dim of y: with every length 2
+    # the shapes matched torch's and the values did not (the missing dim went after the ragged
+    # dim). torch.nested and TF refuse it.
+    x = nestbatch.nested(_samples(2, 2, feature=(5,)))
+    y = nestbatch.nested(_samples(2, 2, feature=(2, 5)))
+    for op in (lambda: x + y, lambda: y * x, lambda: torch.maximum(x, y)):
+        with pytest.raises(ValueError, match="different numbers of dims"):
+            op()
+    _assert_samples(x.unsqueeze(2) + y, [a.unsqueeze(1) + b for a, b in zip(x.unbind(),
+                                                                           y.unbind())])
