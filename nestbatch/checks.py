@@ -87,6 +87,16 @@ _UNSEEN = object()
 _FILLERS_SEEN: dict[tuple, object] = {}
 
 
+def check_fill_fits(value: object, dtype: torch.dtype) -> None:
+    """Raise torch's ``RuntimeError`` where ``torch.full`` of several elements refuses ``value``
+    for ``dtype``: a finite number past float16's or bfloat16's range (a 0-d fill, as
+    :func:`check_filler`, stores it as an infinity). For the peers whose padding is such a
+    fill (kaolin, PyTorch3D)."""
+    if dtype in (torch.float16, torch.bfloat16) and isinstance(value, int | float) \
+            and math.isfinite(value):
+        torch.empty(2, dtype=dtype).fill_(value)  # (torch's own check and message)
+
+
 def check_integer_tensor(value: object, name: str, ndim: int | None = None,
                          shape: str = "") -> Tensor:
     """``value`` if it is an integer tensor (any integer dtype) of ``ndim`` dims.

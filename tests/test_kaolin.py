@@ -85,6 +85,17 @@ def test_tile_to_packed():
         kaolin.tile_to_packed(values, torch.tensor([1, 2]))
 
 
+@pytest.mark.parametrize("numel", [[-1, 2], [5, -5], [100, -1], [6, -2, -2]])
+def test_tile_to_packed_refuses_negative_counts(numel):
+    # Unchecked, a negative count corrupted memory in repeat_interleave(output_size=...): the
+    # process died. torch.repeat_interleave (kaolin's) raises.
+    values = torch.arange(float(len(numel)))
+    with pytest.raises(RuntimeError):
+        torch.repeat_interleave(values, torch.tensor(numel))
+    with pytest.raises(ValueError, match="must be non-negative"):
+        kaolin.tile_to_packed(values, torch.tensor(numel))
+
+
 def test_gradients():
     packed = torch.randn(7, 2, dtype=torch.float64, requires_grad=True)
     shapes = torch.tensor([[2, 2], [3, 1]])
@@ -121,3 +132,54 @@ def test_list_to_packed_refuses_different_last_dims_in_kaolins_words():
     # The same samples with one last dim pack as before.
     packed, shapes = kaolin.list_to_packed([torch.ones(2, 3), torch.zeros(0, 3), torch.ones(1, 3)])
     assert packed.shape == (3, 3) and shapes.tolist() == [[2], [0], [1]]
+
+
+def test_first_idx_must_agree_with_the_shapes():
+    # kaolin reshapes rows first_idx[i]:first_idx[i + 1] to shape_per_tensor[i]: it raises
+    # where they disagree. They were used as offsets unchecked: made-up samples.
+    packed = torch.arange(20.0).reshape(10, 2)
+    shapes = torch.tensor([[3], [4]])
+    for first_idx in ([0, 4, 7], [0, 3, 5], [0, 8, 12], [0, 1000, 1004], [-3, 0, 4],
+                      [6, 3, 7]):
+        with pytest.raises(ValueError, match="first_idx"):
+            kaolin.packed_to_padded(packed, shapes, torch.tensor(first_idx), -1.0)
+        with pytest.raises(ValueError, match="first_idx"):
+            kaolin.packed_to_list(packed, shapes, torch.tensor(first_idx))
+    # kaolin's slices: a first sample past row 0 and rows after the last sample are fine.
+    first_idx = torch.tensor([2, 5, 9])
+    expected = [packed[2:5], packed[5:9]]
+    for got, want in zip(kaolin.packed_to_list(packed, shapes, first_idx), expected):
+        assert torch.equal(got, want)
+    padded = kaolin.packed_to_padded(packed, shapes, first_idx, -1.0)
+    assert torch.equal(padded[0, :3], expected[0]) and torch.equal(padded[1], expected[1])
+    assert (padded[0, 3] == -1).all()
+    with pytest.raises(ValueError, match="packed_tensor must have shape"):
+        kaolin.packed_to_padded(packed.reshape(10, 2, 1), shapes, torch.tensor([0, 3, 7]), 0.0)
+
+
+def test_padded_to_packed_is_two_dimensional_as_kaolin():
+    # Dims shape_per_tensor does not cover are rows too (kaolin reshapes to (-1, last_dim)).
+    padded = torch.arange(24.0).reshape(2, 3, 2, 2)
+    shapes = torch.tensor([[2], [1]])
+    expected = torch.cat([padded[0, :2].reshape(-1, 2), padded[1, :1].reshape(-1, 2)])
+    assert torch.equal(kaolin.padded_to_packed(padded, shapes), expected)
+
+
+def test_list_functions_check_every_last_dim_and_fill():
+    for tensors in ([torch.zeros(0, 5), torch.ones(2, 3)], [torch.ones(2, 3), torch.zeros(0, 5)]):
+        with pytest.raises(ValueError, match="last dimension"):
+            kaolin.list_to_packed(tensors)
+        with pytest.raises(ValueError, match="last dimension"):
+            kaolin.list_to_padded(tensors, 0.0)
+    halves = [torch.ones(2, 3, dtype=torch.float16), torch.ones(1, 3, dtype=torch.float16)]
+    with pytest.raises(RuntimeError, match="without overflow"):
+        kaolin.list_to_padded(halves, 1e5)
+    assert kaolin.list_to_padded(halves, float("inf"))[0][1, 1].isinf().all()
+
+
+def test_fill_max_shape_refuses_a_size_below_the_largest():
+    shapes = torch.tensor([[3], [1]])
+    for partial in ([2], [-2]):
+        with pytest.raises(ValueError, match="smaller than the max shape"):
+            kaolin.fill_max_shape(shapes, partial)
+    assert kaolin.fill_max_shape(shapes, [5]).tolist() == [5]

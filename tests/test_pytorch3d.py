@@ -76,3 +76,21 @@ def test_gradients():
     samples = (torch.randn(2, 3, dtype=torch.float64, requires_grad=True),
                torch.randn(1, 2, dtype=torch.float64, requires_grad=True))
     torch.autograd.gradcheck(lambda a, b: p3d.list_to_padded([a, b]), samples)
+
+
+def test_list_helpers_refuse_what_torch_cat_and_pytorch3d_refuse():
+    # Only an empty 1-d tensor may differ in shape (PyTorch3D substitutes it); an empty sample
+    # of another shape passed as a zero-size one.
+    for x in ([torch.zeros(0, 5), torch.ones(2, 3)], [torch.ones(2, 3), torch.zeros(0, 1, 1)]):
+        with pytest.raises(ValueError, match="Sizes of tensors must match"):
+            p3d.list_to_packed(x)
+    packed, num, first, ids = p3d.list_to_packed([torch.ones(2, 3), torch.zeros(0)])
+    assert packed.shape == (2, 3) and num.tolist() == [2, 0] and ids.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="same number of dimensions"):
+        p3d.list_to_padded([torch.zeros(0, 5), torch.ones(2, 3, 4)])
+    # An empty sample of any shape pads to nothing and does not widen the padding (PyTorch3D
+    # takes the sizes of the non-empty ones).
+    out = p3d.list_to_padded([torch.zeros(0, 5), torch.ones(2, 3)], pad_value=-1.0)
+    assert out.shape == (2, 2, 3) and (out[0] == -1).all() and (out[1] == 1).all()
+    with pytest.raises(RuntimeError, match="without overflow"):
+        p3d.list_to_padded([torch.ones(2, 3, dtype=torch.bfloat16)] * 2, pad_value=3.4e38)

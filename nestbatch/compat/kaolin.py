@@ -18,12 +18,20 @@ view per sample.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch
+from nestbatch.checks import (
+    as_index_tensor,
+    check_fill_fits,
+    check_tensor,
+    checked_host_sizes,
+    read_device_values,
+)
 from nestbatch.layouts import Packed, Padded, RowPartition
 
 
@@ -79,6 +87,11 @@ def fill_max_shape(
     -----
     With ``partial_max_shape`` the maxima are read on the host to fill the gaps (a sync if the
     shapes live on a GPU; kaolin keeps them on the CPU).
+
+    Raises
+    ------
+    ValueError
+        For a size of ``partial_max_shape`` below the largest sample's, as kaolin.
     """
     shapes = torch.as_tensor(shape_per_tensor, dtype=torch.long)
     largest = shapes.amax(0) if shapes.shape[0] else shapes.new_zeros(shapes.shape[1])
@@ -95,6 +108,10 @@ def fill_max_shape(
         int(big) if size is None or size == -1 else int(size)
         for size, big in zip(partial_max_shape, largest.tolist())
     ]
+    for i, (size, big) in enumerate(zip(filled, largest.tolist())):
+        if size < big:  # (kaolin's check and message)
+            raise ValueError(f"dim {i} of max_shape ({size}) is smaller than the max shape of "
+                             f"the tensors in the batch ({big})")
     return torch.tensor(filled, dtype=torch.long, device=largest.device)
 
 
@@ -157,6 +174,7 @@ def list_to_padded(
         ``(B, ndim - 1)`` int64, as :func:`get_shape_per_tensor` (kaolin returns both).
     """
     batch = _batch_from_list(tensor_list)
+    check_fill_fits(padding_value, batch.dtype)  # (kaolin's torch.full refuses the rest)
     padded = batch.padded(padding_value, _max_shape_arg(max_shape)).data
     return padded, batch.shape_per_sample
 
@@ -173,7 +191,10 @@ def packed_to_list(
     shape_per_tensor : Tensor
         ``(B, k)`` int64.
     first_idx : Tensor
-        ``(B + 1,)`` int64, from :func:`get_first_idx`.
+        ``(B + 1,)`` int64, from :func:`get_first_idx`: sample ``i`` is rows ``first_idx[i]``
+        to ``first_idx[i + 1]``, as many as ``shape_per_tensor[i]`` holds (``ValueError``
+        otherwise). On a device it is not read (no sync): the samples are then the shapes' rows
+        from row 0, as :func:`get_first_idx` gives them.
 
     Notes
     -----
@@ -208,7 +229,7 @@ def packed_to_padded(
     shape_per_tensor : Tensor
         ``(B, k)`` int64.
     first_idx : Tensor
-        ``(B + 1,)`` int64.
+        ``(B + 1,)`` int64 (as in :func:`packed_to_list`).
     padding_value : float
         Filler of the padded slots.
     max_shape : sequence of int or None, optional
@@ -220,12 +241,15 @@ def packed_to_padded(
         ``(B, *max_shape, last_dim)``; one scatter of the rows, differentiable.
     """
     batch = _batch_from_packed(packed_tensor, shape_per_tensor, first_idx)
+    check_fill_fits(padding_value, batch.dtype)  # (kaolin's torch.full refuses the rest)
     return batch.padded(padding_value, _max_shape_arg(max_shape)).data
 
 
 def padded_to_packed(padded_tensor: Tensor, shape_per_tensor: Tensor) -> Tensor:
-    """Gather the valid slots of a padded tensor into ``(sum numel_i, last_dim)``."""
-    return _batch_from_padded(padded_tensor, shape_per_tensor).values
+    """Gather the valid slots of a padded tensor into ``(sum numel_i, last_dim)`` (dims of
+    ``padded_tensor`` that ``shape_per_tensor`` does not cover are rows too, as kaolin's)."""
+    values = _batch_from_padded(padded_tensor, shape_per_tensor).values
+    return values.reshape(-1, padded_tensor.shape[-1]) if values.dim() != 2 else values
 
 
 def tile_to_packed(values: Tensor, numel_per_tensor: Tensor) -> Tensor:
@@ -247,7 +271,13 @@ def tile_to_packed(values: Tensor, numel_per_tensor: Tensor) -> Tensor:
     Notes
     -----
     The output size is the sum of ``numel_per_tensor``: read from the device once when it lives
-    on one (the output shape needs it); counts on the CPU (kaolin's) need no read.
+    on one (the output shape needs it; the smallest count, checked, comes in the same read);
+    counts on the CPU (kaolin's) need no read.
+
+    Raises
+    ------
+    ValueError
+        For a negative count (``torch.repeat_interleave``, kaolin's, raises too).
     """
     numel_per_tensor = torch.as_tensor(numel_per_tensor)
     if values.shape[:1] != numel_per_tensor.shape:
@@ -256,9 +286,16 @@ def tile_to_packed(values: Tensor, numel_per_tensor: Tensor) -> Tensor:
             f"{tuple(values.shape)}"
         )
     if numel_per_tensor.is_cpu:  # host counts (kaolin's): the output size is known, no sync
-        partition = RowPartition.from_host_lengths(numel_per_tensor.tolist(), values.device)
+        host = checked_host_sizes(numel_per_tensor.tolist(), "numel_per_tensor")
+        partition = RowPartition.from_host_sizes(host, values.device, host.largest)
     else:
-        partition = RowPartition.from_lengths(numel_per_tensor.to(values.device, torch.long))
+        counts = as_index_tensor(numel_per_tensor, "numel_per_tensor", values.device)
+        smallest, total = read_device_values(torch.stack([counts.amin(), counts.sum()])) \
+            if counts.numel() else (0, 0)
+        if smallest < 0:
+            raise ValueError(f"numel_per_tensor must be non-negative, got {smallest}")
+        partition = RowPartition.from_lengths(counts)
+        partition.note_total(total)
     rows = values[partition.row_ids]
     return rows.unsqueeze(-1) if values.dim() == 1 else rows
 
@@ -272,12 +309,10 @@ def _batch_from_list(tensor_list: Sequence[Tensor]) -> NestedBatch:
             f"every tensor needs at least 2 dims (*shape, last_dim), got {ndim} at index 0"
         )
     get_shape_per_tensor(tensor_list)  # same checks and messages as kaolin
-    try:
-        return NestedBatch.from_list(tensor_list, num_ragged_dims=ndim - 1)
-    except ValueError:
-        # Found as kaolin finds it, once the concatenation has failed (no loop when it works).
-        _check_last_dims(tensor_list)
-        raise
+    # Every sample's, as kaolin's loop checks them: an empty sample of another last dim would
+    # otherwise pass as a zero-size one (from_list's rule for samples with no element).
+    _check_last_dims(tensor_list)
+    return NestedBatch.from_list(tensor_list, num_ragged_dims=ndim - 1)
 
 
 def _check_last_dims(tensor_list: Sequence[Tensor]) -> None:
@@ -295,36 +330,77 @@ def _check_last_dims(tensor_list: Sequence[Tensor]) -> None:
 def _batch_from_packed(
     packed_tensor: Tensor, shape_per_tensor: Tensor, first_idx: Tensor
 ) -> NestedBatch:
-    first_idx = torch.as_tensor(first_idx, dtype=torch.long, device=packed_tensor.device)
-    # first_idx is the offsets kaolin already computed: reused instead of a cumsum.
-    partition = _partition(shape_per_tensor, packed_tensor.device, first_idx)
-    if first_idx.shape != (partition.batch_size + 1,):
+    """The batch of kaolin's packed arguments: sample ``i`` is rows ``first_idx[i]`` to
+    ``first_idx[i + 1]`` of ``packed_tensor`` (kaolin's slices), which must be as many as
+    ``shape_per_tensor[i]`` holds (kaolin's reshape raises otherwise).
+
+    A ``first_idx`` on the host is checked against the shapes (``ValueError``). One on a device
+    is not read (no sync): the samples are then the shapes' rows from row 0, where
+    :func:`get_first_idx` puts them."""
+    check_tensor(packed_tensor, "packed_tensor")
+    if packed_tensor.dim() != 2:
+        raise ValueError(f"packed_tensor must have shape (sum numel_i, last_dim), got "
+                         f"{tuple(packed_tensor.shape)}")
+    shapes, host = _checked_shapes(shape_per_tensor)
+    first_idx = torch.as_tensor(first_idx, dtype=torch.long)
+    if first_idx.shape != (shapes.shape[0] + 1,):
         raise ValueError(
-            f"first_idx must have shape ({partition.batch_size + 1},) (B + 1), got "
+            f"first_idx must have shape ({shapes.shape[0] + 1},) (B + 1), got "
             f"{tuple(first_idx.shape)}"
         )
-    return NestedBatch(Packed(packed_tensor, partition=partition))
+    if not first_idx.is_cpu:
+        return NestedBatch(Packed(packed_tensor, partition=_partition(
+            shapes, host, packed_tensor.device)))
+    starts = first_idx.tolist()
+    _check_first_idx(starts, read_device_values(shapes) if host is None else host,
+                     packed_tensor.shape[0])
+    rows = packed_tensor[starts[0]:starts[-1]]
+    offsets = first_idx - starts[0] if starts[0] else first_idx
+    return NestedBatch(Packed(rows, partition=_partition(shapes, host, packed_tensor.device,
+                                                         offsets.to(packed_tensor.device))))
+
+
+def _check_first_idx(starts: list[int], shapes: Sequence[Sequence[int]], rows: int) -> None:
+    """Raise ``ValueError`` unless sample ``i``'s rows ``starts[i]:starts[i + 1]`` are as many
+    as its shape holds, within ``rows``."""
+    if starts[0] < 0 or starts[-1] > rows:
+        raise ValueError(f"first_idx must lie in [0, {rows}] (the packed rows), got {starts}")
+    for i, shape in enumerate(shapes):
+        if starts[i + 1] - starts[i] != math.prod(shape):
+            raise ValueError(
+                f"first_idx gives sample {i} rows {starts[i]}:{starts[i + 1]}, but "
+                f"shape_per_tensor[{i}] = {list(shape)} holds {math.prod(shape)}"
+            )
 
 
 def _batch_from_padded(padded_tensor: Tensor, shape_per_tensor: Tensor) -> NestedBatch:
-    partition = _partition(shape_per_tensor, padded_tensor.device)
+    partition = _partition(*_checked_shapes(shape_per_tensor), padded_tensor.device)
     return NestedBatch(Padded(padded_tensor, partition=partition))
 
 
-def _partition(shape_per_tensor: Tensor, device: torch.device,
-               offsets: Tensor | None = None) -> RowPartition:
-    """The partition of ``shape_per_tensor``: host sizes when it is on the CPU, as kaolin keeps
-    it (then no conversion reads the device), else sizes on the device."""
+def _checked_shapes(shape_per_tensor: Tensor) -> tuple[Tensor, list[list[int]] | None]:
+    """``shape_per_tensor`` as a ``(B, k)`` int64 tensor, and its entries on the host when it
+    is on the CPU (checked non-negative; ``None`` for device shapes)."""
     shapes = torch.as_tensor(shape_per_tensor, dtype=torch.long)
     if shapes.dim() != 2 or shapes.shape[1] < 1:
         raise ValueError(
             f"shape_per_tensor must have shape (B, k) with k >= 1, got {tuple(shapes.shape)}"
         )
     if not shapes.is_cpu:
-        return RowPartition.from_shapes(shapes.to(device), offsets=offsets)
+        return shapes, None
     host = shapes.tolist()  # a host tensor: no sync
     if any(size < 0 for shape in host for size in shape):
         raise ValueError(f"shape_per_tensor must be non-negative, got {host}")
+    return shapes, host
+
+
+def _partition(shapes: Tensor, host: list[list[int]] | None, device: torch.device,
+               offsets: Tensor | None = None) -> RowPartition:
+    """The partition of :func:`_checked_shapes`' result: host sizes when the shapes are on the
+    CPU, as kaolin keeps them (then no conversion reads the device), else sizes on the
+    device."""
+    if host is None:
+        return RowPartition.from_shapes(shapes.to(device), offsets=offsets)
     return RowPartition.from_host_shapes(host, shapes.shape[1], device, offsets=offsets)
 
 

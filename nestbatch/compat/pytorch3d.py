@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch
+from nestbatch.checks import check_fill_fits
 from nestbatch.layouts import Padded, RowPartition
 
 
@@ -28,7 +29,9 @@ def list_to_padded(
     Parameters
     ----------
     x : sequence of Tensor
-        The tensors. Empty ones (``len(y) == 0``) are skipped, as PyTorch3D does.
+        The tensors, all of one number of dims but for empty 1-d ones (``torch.tensor([])``),
+        as PyTorch3D's. Empty ones (``len(y) == 0``) pad to nothing and do not count towards
+        the default ``pad_size``, as PyTorch3D's.
     pad_size : sequence of int, optional
         Size of every dim of the output after the batch; default the per-dim maximum.
     pad_value : float, default 0
@@ -45,12 +48,13 @@ def list_to_padded(
         return torch.stack(list(x), 0)
     if len(x) == 0:
         raise ValueError("x must hold at least one tensor")
-    # The common number of dims is the largest (PyTorch3D's rule): an empty sample may have any
-    # number of dims (e.g. torch.tensor([])) and pads to nothing.
+    # The common number of dims is the largest (PyTorch3D's rule); only an empty 1-d sample
+    # (torch.tensor([])) may have fewer.
     ndim = max(y.dim() for y in x)
-    samples = [y if len(y) > 0 else y.new_empty((0,) * ndim) for y in x]
-    if any(y.dim() != ndim for y in samples):
+    if any(y.dim() != ndim and not (y.dim() == 1 and y.numel() == 0) for y in x):
         raise ValueError("All items have to have the same number of dimensions!")
+    samples = [y if len(y) > 0 else y.new_empty((0,) * ndim) for y in x]
+    check_fill_fits(pad_value, samples[0].dtype)  # (PyTorch3D's new_full refuses the rest)
     if pad_size is not None and len(pad_size) != ndim:
         raise ValueError("Pad size must contain target size for all dimensions.")
     batch = NestedBatch.from_list(samples, num_ragged_dims=ndim)
@@ -97,8 +101,24 @@ def list_to_packed(x: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]
     """
     if not x:
         raise ValueError("Input list is empty")
+    _check_cat_shapes(x)
     batch = NestedBatch.from_list(list(x))
     return batch.values, batch.lengths, batch.offsets[:-1], batch.row_ids
+
+
+def _check_cat_shapes(x: Sequence[Tensor]) -> None:
+    """Raise ``ValueError`` where ``torch.cat`` (PyTorch3D's packing) refuses ``x``: tensors of
+    other numbers of dims or other sizes past dim 0, empty 1-d ones excepted (an empty sample
+    of another shape would otherwise pass as a zero-size one: ``from_list``'s rule)."""
+    shaped = [(i, y) for i, y in enumerate(x) if not (y.dim() == 1 and y.numel() == 0)]
+    if not shaped:
+        return
+    first = shaped[0][1]
+    for i, y in shaped:
+        if y.dim() != first.dim() or y.shape[1:] != first.shape[1:]:
+            raise ValueError(f"Sizes of tensors must match except in dimension 0 (torch.cat): "
+                             f"x[{i}] has shape {tuple(y.shape)}, x[{shaped[0][0]}] "
+                             f"{tuple(first.shape)}")
 
 
 def packed_to_list(x: Tensor, split_size: int | Sequence[int]) -> tuple[Tensor, ...]:
