@@ -566,3 +566,43 @@ def test_forms_that_raise():
         nestbatch.sequence_attention(q.transpose(1, 2),
                                      nestbatch.nested([torch.ones(2, 3, 3)], num_ragged_dims=2),
                                      v.transpose(1, 2))
+
+
+def test_dense_mask_is_read_over_the_samples_padded_shape_whatever_the_stored_width():
+    # Samples of lengths 2 and 3 stored padded to width 5 (right, and left as a loader gives
+    # them): the documented mask shape (B, max Lq, max Lk) was refused, and a (B, 5, 5) one was
+    # accepted and read in other coordinates.
+    from nestbatch.data import from_left_padded
+
+    gen = torch.Generator().manual_seed(0)
+    lengths, width = [2, 3], 5
+    q, k, v = ([torch.randn(n, 4, dtype=torch.float64, generator=gen) for n in lengths]
+               for _ in range(3))
+
+    def stored(samples, side):
+        data = torch.zeros(len(samples), width, 4, dtype=torch.float64)
+        mask = torch.zeros(len(samples), width, dtype=torch.bool)
+        for i, s in enumerate(samples):
+            where = slice(width - len(s), width) if side == "left" else slice(0, len(s))
+            data[i, where], mask[i, where] = s, True
+        return data, mask
+
+    user = torch.ones(2, 3, 3, dtype=torch.bool)
+    user[:, :, 1] = False  # key 1 of every sample
+    expected = [F.scaled_dot_product_attention(a, b, c, attn_mask=user[i, : len(a), : len(b)])
+                for i, (a, b, c) in enumerate(zip(q, k, v))]
+    builds = {
+        "packed": lambda x: nestbatch.as_nested(x),
+        "right, width 5": lambda x: NestedBatch.from_padded(*stored(x, "right")[:1],
+                                                            mask=stored(x, "right")[1]),
+        "left, width 5": lambda x: from_left_padded(*stored(x, "left")),
+    }
+    for name, build in builds.items():
+        batches = [build(x) for x in (q, k, v)]
+        for mask in (user, user.float().log()):  # bool, and float with -inf
+            out = F.scaled_dot_product_attention(*batches, attn_mask=mask)
+            for got, want in zip(out.unbind(), expected):
+                torch.testing.assert_close(got, want, msg=name)
+        with pytest.raises(ValueError, match="must broadcast to the padded score shape"):
+            F.scaled_dot_product_attention(*batches, attn_mask=torch.ones(2, 5, 5,
+                                                                          dtype=torch.bool))

@@ -222,8 +222,22 @@ def _combined_mask(
     if is_batch(user_mask):
         user = _padded_batch_mask(user_mask, q, k, heads, lq, lk)
     else:
-        user = _dense_mask(user_mask, (q.batch_size, *heads, lq, lk))
+        # Documented over the samples' own padded shape (max Lq, max Lk), whatever width the
+        # data is stored padded to (a loader's, or left padding converted to the right).
+        logical = (q.batch_size, *heads, q.partition.max_shape[0], k.partition.max_shape[0])
+        user = _within_padding(_dense_mask(user_mask, logical), logical, lq, lk)
     return user & mask if user.dtype == torch.bool else torch.where(mask, user, -torch.inf)
+
+
+def _within_padding(user: Tensor, logical: tuple[int, ...], lq: int, lk: int) -> Tensor:
+    """A dense mask of the ``logical`` score shape ``(B, *heads, max Lq, max Lk)`` at the top
+    left of the stored padded one (``lq``, ``lk`` at least those; the rest False / 0, which
+    the caller masks out anyway)."""
+    if logical[-2:] == (lq, lk):
+        return user
+    out = user.new_zeros((*logical[:-2], lq, lk))
+    out[..., : logical[-2], : logical[-1]] = user
+    return out
 
 
 def _fill_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
