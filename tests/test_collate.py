@@ -103,3 +103,17 @@ def test_pin_memory_hook_reaches_nested_batch(monkeypatch):
     pinned = pin_memory(batch)
     assert isinstance(pinned["tokens"], NestedBatch) and len(calls) == 3  # tokens, vector, label
     assert torch.equal(pinned["tokens"].values, batch["tokens"].values)
+
+
+def test_mixed_structures_raise_type_error_and_gradients_are_kept():
+    batch = nestbatch.nested([torch.ones(2, 3)])
+    for samples in ([torch.ones(3), batch], [batch, torch.ones(3)]):
+        with pytest.raises(TypeError, match="structure of sample 0"):
+            collate(samples)
+    # Ragged samples that need a gradient keep it, as default_collate's stacked ones do (cat
+    # into the output buffer raised: autograd refuses out=).
+    samples = [torch.randn(n, 2, dtype=torch.float64, requires_grad=True) for n in (2, 3)]
+    out = collate(samples)
+    assert isinstance(out, NestedBatch) and out.values.requires_grad
+    (out.values * torch.arange(10.0, dtype=torch.float64).view(5, 2)).sum().backward()
+    assert samples[1].grad.tolist() == [[4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]

@@ -391,3 +391,41 @@ def test_the_example_trains_padded_bucketed_and_packed_to_one_gradient_in_float6
     samples = example.make_dataset(8, 48, seed=5)
     assert len({len(s) for s in samples}) > 2
     assert example.check_float64(samples, 48, max_tokens=96)
+
+
+def test_normalized_loss_of_half_precision_sums_divides_past_its_range():
+    # A float16 count of 131072 tokens is inf: the loss and every gradient were 0.
+    for dtype in (torch.float16, torch.bfloat16):
+        loss_sum = torch.tensor(8192.0, dtype=dtype, requires_grad=True)
+        count = torch.tensor(131072)
+        out = normalized_loss(loss_sum, count)
+        expected = loss_sum.detach() / count  # torch's own division
+        assert out.dtype == dtype and out.item() == expected.item() == 0.0625
+        out.backward()
+        assert loss_sum.grad.item() == pytest.approx(1 / 131072, rel=1e-3)
+
+
+def test_loss_helpers_refuse_what_would_be_truncated():
+    logits = torch.randn(5, 4)
+    for targets in (torch.tensor([0.9, 2.6, 1.2, 3.99, 0.5]), torch.ones(5, dtype=torch.bool)):
+        with pytest.raises(RuntimeError):
+            F.cross_entropy(logits, targets.reshape(5)) if targets.is_floating_point() \
+                else F.cross_entropy(logits, targets)
+        with pytest.raises(TypeError, match="targets must be an integer tensor"):
+            token_cross_entropy(logits, targets)
+        with pytest.raises(TypeError, match="targets must be an integer tensor"):
+            token_count(targets)
+    for counts in ([2.7, 3.2], [torch.tensor(2.9)], [True, True]):
+        with pytest.raises(TypeError):
+            global_token_count(counts)
+    with pytest.raises(ValueError, match="non-negative"):
+        global_token_count([5, -7])
+    with pytest.raises(ValueError, match="non-negative"):
+        normalized_loss(torch.tensor(5.0), -3)
+    assert global_token_count([2, torch.tensor(3)]).item() == 5
+    ids = nb.nested([torch.tensor([1.9, 2.0, 3.7])])
+    with pytest.raises(TypeError, match="must be an integer tensor"):
+        causal_lm_targets(ids)
+    tokens = nb.nested([torch.tensor([1, 2, 3])])
+    with pytest.raises(TypeError, match="labels must be an integer tensor"):
+        flattened_inputs(tokens, labels=nb.nested([torch.tensor([4.7, 5.2, -1.5])]))

@@ -62,6 +62,7 @@ def _collate(samples: list[Any], ragged: Collection[Any], top: bool, force: bool
     if isinstance(first, Tensor):
         return _collate_tensors(samples, force)
     if isinstance(first, NestedBatch):  # samples of ragged rank r: a batch of rank r + 1
+        _check_same_type(samples, NestedBatch)
         return nest(samples)
     if isinstance(first, collections.abc.Mapping):
         _check_same_type(samples, collections.abc.Mapping)
@@ -130,9 +131,13 @@ def pack(samples: Sequence[Tensor], num_ragged_dims: int = 1) -> NestedBatch:
                 f"{first.device}, sample {i} is {s.dtype} on {s.device}"
             )
     partition = RowPartition.from_host_shapes(ragged_shapes, num_ragged_dims, first.device)
-    total = sum(partition.host_lengths)
-    out = _output_buffer(first, (total, *feature))
-    torch.cat([s.reshape(-1, *feature) for s in samples], out=out)
+    rows = [s.reshape(-1, *feature) for s in samples]
+    if torch.is_grad_enabled() and any(s.requires_grad for s in samples):
+        # (cat into a buffer records no gradient: autograd refuses out=) As default_collate
+        # keeps the gradient of equal-shape samples.
+        return NestedBatch(Packed(torch.cat(rows), partition=partition))
+    out = _output_buffer(first, (sum(partition.host_lengths), *feature))
+    torch.cat(rows, out=out)
     return NestedBatch(Packed(out, partition=partition))
 
 

@@ -21,6 +21,7 @@ known before the forward pass (it depends on the targets only) and summed across
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch
+from nestbatch.checks import check_integer_tensor
 
 __all__ = ["global_token_count", "normalized_loss", "token_count", "token_cross_entropy"]
 
@@ -36,14 +38,18 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def _flat_targets(targets: NestedBatch | Tensor) -> Tensor:
+    """The class indices, flat; ``TypeError`` for float, complex or bool ones (torch's
+    ``cross_entropy`` refuses them as indices: truncated, they would name other classes)."""
     if isinstance(targets, NestedBatch):
-        return targets.values.reshape(-1)
-    if not isinstance(targets, Tensor):
+        flat = targets.values.reshape(-1)
+    elif isinstance(targets, Tensor):
+        flat = targets.reshape(-1)
+    else:
         raise TypeError(
             f"targets must be a NestedBatch or a tensor of class indices, got "
             f"{type(targets).__name__}"
         )
-    return targets.reshape(-1)
+    return check_integer_tensor(flat, "targets")
 
 
 def token_count(targets: NestedBatch | Tensor, ignore_index: int = -100) -> Tensor:
@@ -150,7 +156,7 @@ def global_token_count(
     items = counts if isinstance(counts, Sequence) else [counts]
     if not items:
         raise ValueError("counts must hold at least one micro-batch's count, got none")
-    tensors = [c if isinstance(c, Tensor) else torch.tensor(c) for c in items]
+    tensors = [_count_tensor(c, "counts") for c in items]
     device = tensors[0].device
     total = torch.stack([t.to(device, torch.int64).reshape(()) for t in tensors]).sum()
     if _world_size(group) > 1:
@@ -181,8 +187,31 @@ def normalized_loss(
         The data-parallel group whose size DDP divides by (default: the default group; 1
         without an initialized process group).
     """
-    count = torch.as_tensor(global_count, device=loss_sum.device).clamp_min(1)
+    count = _count_tensor(global_count, "global_count").to(loss_sum.device).clamp_min(1)
+    if loss_sum.dtype in _HALF:
+        # A count past 65504 is inf in float16: divide in float32 (as torch's own division of
+        # a half tensor by an integer one computes), round once.
+        scaled = loss_sum.float() * _world_size(group) / count.float()
+        return scaled.to(loss_sum.dtype)
     return loss_sum * _world_size(group) / count.to(loss_sum.dtype)
+
+
+def _count_tensor(count: object, name: str) -> Tensor:
+    """A token count (an int, or a one-element integer tensor) as a tensor; ``TypeError`` for
+    anything else (a float or bool would be truncated), ``ValueError`` for a negative count
+    the host holds (a device one is not read)."""
+    if isinstance(count, Tensor):
+        check_integer_tensor(count, name)
+        if count.numel() != 1:
+            raise ValueError(f"{name}: a count is one number, got shape {tuple(count.shape)}")
+        if count.is_cpu and int(count) < 0:
+            raise ValueError(f"{name} must be non-negative, got {int(count)}")
+        return count
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral):
+        raise TypeError(f"{name} must hold ints or integer tensors, got {type(count).__name__}")
+    if count < 0:
+        raise ValueError(f"{name} must be non-negative, got {count}")
+    return torch.tensor(int(count))
 
 
 def _world_size(group: dist.ProcessGroup | None) -> int:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch
-from nestbatch.checks import check_count
+from nestbatch.checks import check_count, check_integer_tensor
 from nestbatch.layouts import Packed, RowPartition
 
 __all__ = [
@@ -172,7 +172,8 @@ def flattened_inputs(
             "input_ids must hold integer token ids, samples (L_i,), got dtype "
             f"{ids.dtype} and feature shape {tuple(input_ids.feature_shape)}"
         )
-    given = ids if labels is None else _same_lengths(labels, input_ids, "labels").values
+    given = ids if labels is None else check_integer_tensor(
+        _same_lengths(labels, input_ids, "labels").values, "labels")
     starts = input_ids.partition.positions == 0
     out: dict[str, Tensor | int] = {
         "input_ids": ids.to(torch.int64).unsqueeze(0),
@@ -236,7 +237,9 @@ def causal_lm_targets(
     """
     _check_sequences(input_ids, "input_ids")
     source = input_ids if labels is None else _same_lengths(labels, input_ids, "labels")
-    values = source.values.to(torch.int64)
+    # (Float or bool ids, truncated, would name other tokens.)
+    values = check_integer_tensor(source.values, "labels" if labels is not None
+                                  else "input_ids").to(torch.int64)
     total = values.shape[0]
     # ends[offsets[i + 1]] marks the row after sample i's last token (O(B) writes); empty
     # samples mark a row already marked or row 0, which the slice drops.
