@@ -115,3 +115,46 @@ def test_batches_of_different_ranks_do_not_broadcast():
             op()
     _assert_samples(x.unsqueeze(2) + y, [a.unsqueeze(1) + b for a, b in zip(x.unbind(),
                                                                            y.unbind())])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dense_operands_of_matmul_broadcast_as_torchs_logical_shapes(layout):
+    # A dense operand's batch dims line up with the batch's (B, j, ...) from the right: one that
+    # reached the ragged dim lined up with the packed rows instead (wrong matrices per row).
+    samples = _samples(3, 5, feature=(2, 6))
+    batch = nestbatch.nested(samples).to(layout)
+    for w in (torch.randn(8, 6, 5), torch.randn(2, 6, 5)):  # (size at the ragged dim)
+        with pytest.raises(ValueError, match="ragged dim"):
+            batch @ w
+    with pytest.raises(ValueError, match="ragged dim"):
+        torch.randn(8, 3, 2) @ batch
+    ones = torch.randn(1, 6, 5)  # (1 at the ragged dim: every row's)
+    _assert_close(batch @ ones, [s @ ones for s in samples])
+    per_sample = torch.randn(2, 1, 6, 5)  # (B, 1 at the ragged dim, m, p): torch.nested's
+    _assert_close(batch @ per_sample, [s @ w for s, w in zip(samples, per_sample)])
+    left = torch.randn(2, 1, 3, 2)
+    _assert_close(left @ batch, [w @ s for s, w in zip(samples, left)])
+    with pytest.raises(ValueError, match="neither 1 nor the batch size"):
+        batch @ torch.randn(3, 1, 6, 5)
+    with pytest.raises(ValueError, match="more batch dims"):
+        batch @ torch.randn(1, 2, 1, 6, 5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_matmul_and_bmm_with_one_matrix_per_sample(layout):
+    samples = _samples(3, 5, feature=(6,))
+    batch = nestbatch.nested(samples).to(layout)
+    w = torch.randn(2, 6, 5)
+    expected = [s @ m for s, m in zip(samples, w)]
+    _assert_close(batch @ w, expected)
+    _assert_close(torch.bmm(batch, w), expected)
+    nt = torch.nested.nested_tensor(samples, layout=torch.jagged)
+    _assert_close(batch @ w, list((nt @ w).unbind()))
+    _assert_close(batch @ w[:1], [s @ w[0] for s in samples])
+
+
+def _assert_close(batch, expected: list[torch.Tensor]) -> None:
+    got = batch.unbind()
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)

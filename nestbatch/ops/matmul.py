@@ -3,6 +3,10 @@
 * batch ``@`` dense: the samples' last feature dim contracts with the dense operand, on the
   packed values ``(total, *feature) @ w`` (as ``nn.Linear`` does; no padding).
 * dense ``@`` batch: needs two feature dims (the matrix dims of every sample are features).
+* A dense operand's batch dims line up with the batch's logical ones ``(B, j, ...)`` from the
+  right, as torch broadcasts: size 1 where they reach the ragged dim, and 1 or ``B`` at the
+  batch dim. ``B`` there is one matrix per sample (``b @ w`` with ``w`` ``(B, m, p)``, as
+  torch.nested): one ``matmul`` on the padded data.
 * batch ``@`` batch of the same row structure whose samples are ``(L_i, *, n, m) @ (L_i, *, m,
   p)``, the ragged dim(s) among the leading dims (at the same logical position in both): one
   ``matmul`` of the packed values, same structure out.
@@ -67,12 +71,9 @@ def _batch_at_dense(a: NestedBatch, w: Tensor) -> NestedBatch:
         raise moved_ragged_error(a, "batch @ dense", "it contracts the last dim, which is ragged")
     if a.ragged_dim != 1 and w.dim() > 2:
         raise moved_ragged_error(a, "batch @ dense", "a batched dense operand")
-    if w.dim() > 1 + len(a.feature_shape):
-        raise ValueError(
-            f"matmul: the dense operand has shape {tuple(w.shape)}, more dims than a sample's "
-            f"matrix part (feature shape {tuple(a.feature_shape)}); its batch dims would not "
-            "line up with the ragged dims"
-        )
+    w, per_sample = _dense_batch_dims(a, w, "batch @ dense")
+    if per_sample:  # one matrix per sample: on the padded data, as one batched matmul
+        return wrap_padded(torch.matmul(a.padded(0.0).data, w), a.partition, filler=None)
     return a.with_values(torch.matmul(a.values, w))
 
 
@@ -84,7 +85,39 @@ def _dense_at_batch(w: Tensor, b: NestedBatch) -> NestedBatch:
         )
     if not _matrix_dims_are_features(b) or (b.ragged_dim != 1 and w.dim() > 2):
         raise moved_ragged_error(b, "dense @ batch", "its matrix dims must be feature dims")
+    w, per_sample = _dense_batch_dims(b, w, "dense @ batch")
+    if per_sample:
+        return wrap_padded(torch.matmul(w, b.padded(0.0).data), b.partition, filler=None)
     return b.with_values(torch.matmul(w, b.values))
+
+
+def _dense_batch_dims(x: NestedBatch, w: Tensor, what: str) -> tuple[Tensor, bool]:
+    """The dense operand ``w`` of a product with ``x``, and whether it holds one matrix per
+    sample.
+
+    As torch broadcasts the logical shapes: ``w``'s batch dims (all but its last two) line up
+    from the right with ``x``'s (all but the last two: ``(B, j, ...)``). One that reaches the
+    ragged dim must be 1 there (its samples' lengths differ); one that reaches the batch dim
+    must be 1 (dropped: the same matrices for every sample) or ``B`` (per sample).
+    """
+    lead, batch_dims = w.dim() - 2, x.dim() - 2
+    if lead < batch_dims - 1:
+        return w, False  # (reaches neither the batch dim nor the ragged dim)
+    if lead > batch_dims:
+        raise ValueError(f"{what}: the dense operand of shape {tuple(w.shape)} has more batch "
+                         f"dims than the batch {tuple(x.shape)} ({lead} > {batch_dims})")
+    at_ragged = 1 if lead == batch_dims else 0  # (w's dim at the ragged dim, if it reaches it)
+    if batch_dims >= 2 and w.shape[at_ragged] != 1:
+        raise ValueError(f"{what}: the dense operand of shape {tuple(w.shape)} has size "
+                         f"{w.shape[at_ragged]} at the batch's ragged dim (it must be 1: the "
+                         f"samples' lengths differ)")
+    if lead < batch_dims:
+        return w.squeeze(0), False
+    if w.shape[0] not in (1, x.batch_size):
+        raise ValueError(f"{what}: the dense operand's dim 0 has size {w.shape[0]}, neither 1 "
+                         f"nor the batch size {x.batch_size}")
+    # (Per sample, w keeps its 1 at the ragged dim: it lines up with the padded data's.)
+    return (w, True) if w.shape[0] != 1 else (w.squeeze(0), False)
 
 
 def _matrix_dims_are_features(x: NestedBatch) -> bool:
