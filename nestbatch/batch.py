@@ -120,6 +120,10 @@ class NestedBatch(TensorMethods):
         self._primary = layout
         self._partition = layout.partition
         self._cache: dict[Any, RaggedLayout] = {}
+        # The stored tensor and every cached conversion's, with its version counter (torch's
+        # ``_version``) as the conversion was cached; key None for the stored one. Empty while
+        # nothing but the primary layout is cached, and for layouts not compared. See _fresh.
+        self._versions: dict[Any, tuple[Tensor, int]] = {}
         self._remember(layout)
 
     # ============================================================================ constructors
@@ -426,6 +430,8 @@ class NestedBatch(TensorMethods):
         In stored order: the ragged dim is first in every sample whatever :attr:`ragged_dim`
         is, and the feature dims are the other logical dims in order.
         """
+        if self._versions:
+            self._fresh()
         cached = self._cache.get(Layout.PACKED)
         if cached is None:
             primary = self._primary
@@ -460,6 +466,8 @@ class NestedBatch(TensorMethods):
             padding_side="left")``, the layout decoder-only language models batch prompts in;
             its :attr:`~nestbatch.layouts.Padded.mask` is then a suffix mask).
         """
+        if self._versions:
+            self._fresh()
         if max_shape is not None:
             filler = 0.0 if padding_value is None else padding_value
             return convert.to_padded(self._primary, filler, max_shape, padding_side)
@@ -502,6 +510,8 @@ class NestedBatch(TensorMethods):
                 f"a batch of ragged rank {self._partition.ragged_rank} has no list of tensors: "
                 "its samples are batches of their rows (unbind())"
             )
+        if self._versions:
+            self._fresh()
         cached = self._cache.get(Layout.LIST)
         if cached is None:
             cached = self._keep(Layout.LIST, convert.to_list(self._list_source()))
@@ -519,7 +529,106 @@ class NestedBatch(TensorMethods):
             return layout  # a traced graph keeps no state on the batch (nor reads grad_fn)
         if not layout.recorded_by_autograd:
             self._cache[key] = layout
+            if torch.is_inference_mode_enabled():
+                return layout  # (inference tensors keep no version counter)
+            # The version stamps _fresh compares (the stored tensor's with the first): written
+            # out here, on every conversion. A list of samples is not stamped (one counter per
+            # sample: too many to read on every access).
+            versions = self._versions
+            for k, stamped in ((key, layout),) if versions else ((None, self._primary),
+                                                                 (key, layout)):
+                kind = type(stamped)
+                tensor = stamped.values if kind is Packed else stamped.data if kind is Padded \
+                    else None
+                if tensor is not None:
+                    try:
+                        versions[k] = (tensor, tensor._version)
+                    except RuntimeError:  # an inference tensor (made in inference mode)
+                        pass
         return layout
+
+    def _fresh(self) -> None:
+        """Bring the cached layouts in line with in-place writes that did not go through the
+        batch: a write to its stored tensor (``b.values.add_(1)`` on a packed batch) drops the
+        conversions cached before it; a write into a cached conversion (through a view op's
+        result, ``b.transpose(1, 2).add_(1)`` on a padded batch, whose view ops run on the
+        packed rows) is copied into the stored tensor, as a torch view's write reaches its
+        base, and drops the other conversions (a stored padded tensor written from outside
+        loses its padding value: its padding may hold anything). Compares torch's version
+        counters, stamped as
+        the conversions were cached (one read per cached layout; nothing while only the
+        primary layout is cached). A list of samples is not compared (one counter per sample),
+        nor is anything made in inference mode (no counters).
+
+        Raises
+        ------
+        RuntimeError
+            When two of the batch's layouts that are not views of each other were written in
+            place since the last read: no single value is right.
+        """
+        for tensor, version in self._versions.values():  # (the hot path: no frame)
+            if tensor._version != version:
+                break
+        else:
+            return
+        if torch.compiler.is_compiling():
+            return  # (a traced graph keeps no state on the batch)
+        changed = [key for key, (tensor, version) in self._versions.items()
+                   if tensor._version != version]
+        # One write reaches every layout that views the same tensor (samples all of one length
+        # make views): group them by what they view.
+        bases = {id(_base_of(self._versions[key][0])) for key in changed}
+        if len(bases) > 1:
+            raise RuntimeError(
+                "two layouts of this batch were written in place since they were made (say its "
+                "stored data and a view op's result over a cached conversion): their values "
+                "disagree. Write through one of them, or clone() what you write into"
+            )
+        written = None if None in changed else changed[0]
+        if written is not None:
+            self._write_back(self._cache[written])
+        elif isinstance(self._primary, Padded) and self._primary.padding_value is not None:
+            # Written from outside, its padding may hold anything now.
+            primary = self._primary
+            self._primary = Padded.trusted(primary.data, primary.partition, None,
+                                           primary.padding_side)
+        self._rewrite_cache(written)
+
+    def _rewrite_cache(self, current: Any = None) -> None:
+        """After the stored values changed in place: drop the cached conversions, but for the
+        one under key ``current`` (already equal to them) and the packed rows, which are
+        rewritten in place: view ops run on the packed rows, so their results may view them
+        and, as torch views, must see the write (one conversion and one copy)."""
+        primary = self._primary
+        kept = {key: self._cache[key] for key in (Layout.PACKED, current)
+                if key in self._cache and self._cache[key] is not primary}
+        self._cache.clear()
+        self._versions.clear()
+        self._remember(primary)
+        packed = kept.get(Layout.PACKED)
+        if packed is not None and current is not Layout.PACKED and (
+                not isinstance(primary, Padded)
+                or _base_of(packed.values) is not _base_of(primary.data)):
+            with torch.no_grad():  # (a conversion cached without a graph)
+                packed.values.copy_(convert.to_packed(primary).values)
+        for key, layout in kept.items():
+            self._keep(key, layout)
+
+    def _write_back(self, layout: RaggedLayout) -> None:
+        """Copy the values of a cached ``layout`` into the stored tensors, in place (the
+        padding of a stored padded tensor is kept)."""
+        primary = self._primary
+        with torch.no_grad():
+            if isinstance(primary, Padded):
+                rows = layout.values if type(layout) is Packed else convert.to_packed(layout).values
+                mask = primary.mask
+                mask = mask.view(*mask.shape, *(1,) * len(primary.feature_shape))
+                primary.data.masked_scatter_(mask.expand_as(primary.data), rows)
+            elif isinstance(primary, Packed):
+                primary.values.copy_(convert.to_packed(layout).values)
+            else:
+                for stored, sample in zip(primary.tensors, convert.to_list(layout).tensors):
+                    stored.copy_(sample)
 
     def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
         """The samples, as views into the stored data where possible (``torch.nested``'s
@@ -724,6 +833,8 @@ class NestedBatch(TensorMethods):
         keeps_filler: bool = True,
     ) -> NestedBatch:
         """New batch whose primary layout's tensors are ``fn`` of this one's."""
+        if self._versions:
+            self._fresh()
         layout = self._primary
         partition = partition or layout.partition
         rd = self._ragged_dim
@@ -804,6 +915,8 @@ class NestedBatch(TensorMethods):
     def stored(self) -> tuple[Tensor, ...]:
         """The tensors the batch stores: the packed values, the padded data (padding slots
         included) or the samples, whichever layout it was built in."""
+        if self._versions:
+            self._fresh()
         layout = self._primary
         if isinstance(layout, Packed):
             return (layout.values,)
@@ -829,7 +942,9 @@ class NestedBatch(TensorMethods):
         """
         for t in self.stored():
             t.requires_grad_(requires_grad)
-        forget_derived_layouts(self)
+        self._cache.clear()  # (the values are unchanged: views of a cached layout stay right)
+        self._versions.clear()
+        self._remember(self._primary)
         return self
 
     @property
@@ -978,6 +1093,8 @@ class NestedBatch(TensorMethods):
 
     def __getstate__(self) -> dict:
         # Only the primary layout travels; other layouts are recomputed on demand.
+        if self._versions:
+            self._fresh()
         return {"primary": self._primary, "ragged_dim": self._ragged_dim}
 
     def __setstate__(self, state: dict) -> None:
@@ -1006,12 +1123,21 @@ class NestedBatch(TensorMethods):
         return f"NestedBatch([\n{body}\n], {header})" if lines else f"NestedBatch([], {header})"
 
 
+# ======================================================================= version counters
+def _base_of(tensor: Tensor) -> Tensor:
+    """The tensor ``tensor`` views (itself if none): views of one base share a version
+    counter."""
+    return tensor if tensor._base is None else tensor._base
+
+
 # ================================================================ internal API for the ops
 # What nestbatch's upper layers (ops/ and compat/) may do with a batch
 # beyond its public surface; they use nothing else of its internals.
 def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
     """The cached layout of ``kind`` (for a padded one, whatever its filler; right-padded, the
     only padding ops read), or None."""
+    if batch._versions:
+        batch._fresh()
     if kind is Layout.PADDED:
         return next((lay for key, lay in batch._cache.items()
                      if type(key) is PaddedKey and key.side == "right"), None)
@@ -1025,6 +1151,8 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
     i %= batch.batch_size
     if batch._partition.ragged_rank > 1:
         return batch._nested_sample(i)
+    if batch._versions:
+        batch._fresh()
     layout = batch._primary
     if Layout.LIST in batch._cache:
         return batch._logical(batch._cache[Layout.LIST].tensors[i])
@@ -1041,14 +1169,18 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
 
 
 def stored_layout(batch: NestedBatch) -> RaggedLayout:
-    """The layout the batch was built in (the one in-place ops write into)."""
+    """The layout the batch was built in (the one in-place ops write into), with the writes
+    made through its cached layouts (:meth:`NestedBatch._fresh`)."""
+    if batch._versions:
+        batch._fresh()
     return batch._primary
 
 
-def forget_derived_layouts(batch: NestedBatch) -> None:
-    """Drop every cached layout but the stored one (after its values changed in place)."""
-    batch._cache.clear()
-    batch._remember(batch._primary)
+def after_stored_write(batch: NestedBatch) -> None:
+    """What an in-place op calls once it wrote the stored layout: the cached layouts are
+    dropped, but the packed rows, rewritten in place for the results of view ops that view
+    them (:meth:`NestedBatch._rewrite_cache`)."""
+    batch._rewrite_cache()
 
 
 def map_stored(batch: NestedBatch, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
@@ -1062,7 +1194,7 @@ def with_ragged_dim(batch: NestedBatch, ragged_dim: int) -> NestedBatch:
     if ragged_dim == batch._ragged_dim:
         return batch
     out = NestedBatch(batch._primary, ragged_dim)
-    out._cache = batch._cache
+    out._cache, out._versions = batch._cache, batch._versions
     return out
 
 

@@ -55,7 +55,8 @@ def test_equal_and_allclose_compare_structure_and_values():
     assert a.equal(a.clone()) and torch.equal(a, a.clone())
     assert not torch.equal(a, a + 1)
     assert not a.equal(nb.nested([torch.arange(2.0), torch.arange(3.0)]))  # other structure
-    assert not a.equal(a.to(torch.float64))  # other dtype
+    assert a.equal(a.to(torch.float64))  # values compared across dtypes, as torch.equal
+    assert not a.equal((a + 0.5).to(torch.float64))
     assert not torch.equal(a, a.values)
     assert torch.allclose(a, a + 1e-9) and not torch.allclose(a, a + 1)
     assert a.to(Layout.PADDED).equal(a)  # layouts do not matter

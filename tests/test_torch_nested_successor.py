@@ -195,9 +195,11 @@ def test_unflatten_chunk_split_narrow_of_feature_dims_as_torch_nested():
         for got, sample in zip(part.unbind(), samples):
             torch.testing.assert_close(got, sample.tensor_split(2, dim=1)[i])
     _same_samples(batch.narrow(2, 1, 3), njt.narrow(2, 1, 3))
-    narrowed = batch.narrow(1, 1, 1)  # the ragged dim: b[:, 1:2] in every sample
+    narrowed = batch.narrow(1, 0, 1)  # the ragged dim: torch's narrow of every sample
     for got, sample in zip(narrowed.unbind(), samples):
-        torch.testing.assert_close(got, sample[1:2])
+        torch.testing.assert_close(got, sample.narrow(0, 0, 1))
+    with pytest.raises(RuntimeError, match="exceeds dimension size"):
+        batch.narrow(1, 1, 1)  # (past the end of the sample of length 1, as torch's)
     with pytest.raises(RuntimeError, match="only feature dims"):
         batch.chunk(2, dim=1)
     with pytest.raises(RuntimeError, match="only feature dims"):

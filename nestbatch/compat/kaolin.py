@@ -32,6 +32,7 @@ from nestbatch.checks import (
     checked_host_sizes,
     read_device_values,
 )
+from nestbatch.kernels.checks import negative_error
 from nestbatch.layouts import Packed, Padded, RowPartition
 
 
@@ -293,7 +294,7 @@ def tile_to_packed(values: Tensor, numel_per_tensor: Tensor) -> Tensor:
         smallest, total = read_device_values(torch.stack([counts.amin(), counts.sum()])) \
             if counts.numel() else (0, 0)
         if smallest < 0:
-            raise ValueError(f"numel_per_tensor must be non-negative, got {smallest}")
+            raise negative_error("numel_per_tensor", smallest)
         partition = RowPartition.from_lengths(counts)
         partition.note_total(total)
     rows = values[partition.row_ids]

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from nestbatch.batch import NestedBatch
 from nestbatch.checks import check_integer_tensor
+from nestbatch.kernels.checks import negative_error
 
 __all__ = ["global_token_count", "normalized_loss", "token_count", "token_cross_entropy"]
 
@@ -205,12 +206,12 @@ def _count_tensor(count: object, name: str) -> Tensor:
         if count.numel() != 1:
             raise ValueError(f"{name}: a count is one number, got shape {tuple(count.shape)}")
         if count.is_cpu and int(count) < 0:
-            raise ValueError(f"{name} must be non-negative, got {int(count)}")
+            raise negative_error(name, int(count))
         return count
     if isinstance(count, bool) or not isinstance(count, numbers.Integral):
         raise TypeError(f"{name} must hold ints or integer tensors, got {type(count).__name__}")
     if count < 0:
-        raise ValueError(f"{name} must be non-negative, got {count}")
+        raise negative_error(name, count)
     return torch.tensor(int(count))
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, forget_derived_layouts, storage_dim, stored_layout
+from nestbatch.batch import NestedBatch, after_stored_write, storage_dim, stored_layout
 from nestbatch.checks import normalize_dim as checked_dim
 from nestbatch.layouts import Layout, Padded, RowPartition
 
@@ -204,5 +204,5 @@ def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
         for tensor, new in zip(primary.tensors, result.tensor_list().tensors):
             tensor.copy_(new)
     # Other layouts were computed from the old values; only the primary one stays valid.
-    forget_derived_layouts(batch)
+    after_stored_write(batch)
     return batch

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from nestbatch.batch import (
     NestedBatch,
+    after_stored_write,
     cached_layout,
-    forget_derived_layouts,
     map_stored,
     stored_layout,
 )
@@ -195,14 +195,14 @@ def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -
             if stored.padding_value is not None:  # the contract: the padding keeps its filler
                 stored.data.masked_fill_(~expand_mask(stored.mask, stored.data),
                                          stored.padding_value)
-            forget_derived_layouts(target)
+            after_stored_write(target)
             return target
     nf = feature_ndim(nested_arguments(args, kwargs))
     operands = [packed_operand(a, target, nf) for a in args[1:]]
     extra = {key: packed_operand(v, target, nf) for key, v in kwargs.items()}
     if isinstance(stored, Packed):
         func(stored.values, *operands, **extra)
-        forget_derived_layouts(target)
+        after_stored_write(target)
         return target
     values = target.packed().values.clone()
     func(values, *operands, **extra)

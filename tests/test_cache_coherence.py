@@ -1,0 +1,116 @@
+"""A batch's cached layouts agree with its stored one after in-place writes that bypass the
+batch: through a view op's result (whose values may view a cached conversion), or to a tensor
+the batch hands out. torch's version counters tell; see ``NestedBatch._fresh``. Found by an
+audit: afterwards ``to_padded_tensor()`` and ``values`` disagreed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nestbatch import Layout, NestedBatch
+
+LAYOUTS = (Layout.PACKED, Layout.PADDED, Layout.LIST)
+
+
+def _zeros(layout: Layout, *lengths: int) -> NestedBatch:
+    return NestedBatch.from_list([torch.zeros(n, 4) for n in lengths]).to(layout)
+
+
+def _reads(batch: NestedBatch) -> dict[str, float]:
+    """The batch's sum through every road an op may take."""
+    return {
+        "values": float(batch.values.sum()),
+        "padded": float(batch.to_padded_tensor().sum()),
+        "unbind": float(sum(t.sum() for t in batch.unbind())),
+        "sum": float(batch.sum()),
+        "tolist": float(torch.tensor(sum(batch.tolist(), [])).sum()),
+    }
+
+
+#: A view op on a batch, and the same view of one sample (ragged dim first).
+VIEWS = {
+    "transpose": (lambda b: b.transpose(1, 2), lambda s: s.transpose(0, 1)),
+    "unsqueeze": (lambda b: b.unsqueeze(-1), lambda s: s.unsqueeze(-1)),
+    "view": (lambda b: b.view(2, -1, 2, 2), lambda s: s.view(-1, 2, 2)),
+    "select": (lambda b: b.select(-1, 0), lambda s: s.select(-1, 0)),
+    "narrow": (lambda b: b.narrow(-1, 1, 2), lambda s: s.narrow(-1, 1, 2)),
+    "index": (lambda b: b[..., 1], lambda s: s[..., 1]),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", VIEWS)
+def test_a_write_through_a_view_reaches_every_layout_of_the_base(layout, name):
+    # As torch (and torch.nested): the view aliases the base.
+    of_batch, of_sample = VIEWS[name]
+    batch = _zeros(layout, 3, 2)
+    batch.to_padded_tensor()  # (a cached conversion, whichever the stored layout)
+    of_batch(batch).add_(1)
+    samples = [torch.zeros(n, 4) for n in (3, 2)]
+    for s in samples:
+        of_sample(s).add_(1)
+    expected = float(sum(s.sum() for s in samples))
+    assert set(_reads(batch).values()) == {expected}, _reads(batch)
+    for got, want in zip(batch.unbind(), samples):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_view_sees_a_later_write_to_its_base(layout):
+    batch = _zeros(layout, 3, 2)
+    part = batch.unsqueeze(-1)
+    part.to_padded_tensor()  # cached on the view
+    batch.add_(1)
+    assert set(_reads(part).values()) == {20.0}, _reads(part)
+
+
+def test_writes_to_the_tensors_a_batch_hands_out_reach_its_other_layouts():
+    packed = _zeros(Layout.PACKED, 3, 2)
+    packed.to_padded_tensor()
+    packed.values.add_(1)  # the stored rows, written directly
+    assert set(_reads(packed).values()) == {20.0}
+    padded = _zeros(Layout.PADDED, 3, 2)
+    padded.packed()  # (packed rows cached)
+    padded.padded().data[0, :3].add_(2)  # the stored data
+    assert set(_reads(padded).values()) == {24.0}
+    padded.values.mul_(3)  # a cached conversion, written directly: copied into the stored data
+    assert set(_reads(padded).values()) == {72.0}
+    assert float(padded.padded().data.sum()) == 72.0  # (the padding kept)
+
+
+def test_two_layouts_written_apart_raise():
+    batch = _zeros(Layout.PADDED, 3, 2)
+    values, data = batch.values, batch.padded().data
+    values.add_(1)
+    data.add_(1)  # (no read of the batch between the two writes)
+    with pytest.raises(RuntimeError, match="two layouts of this batch were written"):
+        batch.to_padded_tensor()
+    sequential = _zeros(Layout.PADDED, 3, 2)
+    sequential.values.add_(1)
+    sequential.padded().data.add_(1)  # (padded() read the first write back)
+    assert set(_reads(sequential).values()) == {40.0}
+
+
+def test_views_among_the_layouts_are_one_write():
+    # Samples of one length: the packed rows view the padded data; one write bumps both.
+    batch = NestedBatch.from_padded(torch.zeros(2, 3, 4), [3, 3])
+    batch.packed()
+    batch.padded().data.add_(1)
+    assert set(_reads(batch).values()) == {24.0}
+    batch.transpose(1, 2).add_(1)
+    assert set(_reads(batch).values()) == {48.0}
+
+
+def test_inference_mode_and_autograd_keep_working():
+    with torch.inference_mode():
+        batch = _zeros(Layout.PADDED, 3, 2)
+        batch.values.add_(1)  # (no counters in inference mode: not compared)
+        batch.to_padded_tensor()
+    data = torch.zeros(2, 3, 4, requires_grad=True)
+    batch = NestedBatch.from_padded(data, [3, 2])
+    (batch.values * 2).sum().backward()
+    assert data.grad.sum() == 40.0
+    with torch.no_grad():
+        batch.values.add_(1)  # (cached under no_grad: copied into the leaf's data)
+    assert float(batch.to_padded_tensor().sum()) == 20.0
