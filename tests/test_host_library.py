@@ -186,3 +186,26 @@ def test_absent_python_headers_leave_the_pytorch_path(tmp_path):
                                  "NESTBATCH_CACHE_DIR": str(tmp_path)}, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("PyTorch") and "Python.h" in result.stdout
+
+
+def test_lazy_conjugation_and_negation_are_resolved_not_copied_as_bytes():
+    # x.conj() of a complex tensor is contiguous and its bytes are x's: the C functions copied
+    # them, so every imaginary part came out with the wrong sign (the same for the neg bit).
+    import nestbatch
+    from nestbatch import NestedBatch
+
+    gen = torch.Generator().manual_seed(0)
+    complex_data = torch.randn(2, 3, 2, dtype=torch.complex64, generator=gen)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    for lazy in (complex_data.conj(), torch._neg_view(torch.randn(2, 3, 2, generator=gen))):
+        assert lazy.is_contiguous()
+        resolved = lazy.resolve_conj().resolve_neg()
+        assert torch.equal(NestedBatch.from_padded(lazy, [3, 2]).packed().values,
+                           resolved[mask])
+        rows = lazy.reshape(6, 2)[:5]
+        padded = NestedBatch.from_lengths(rows, [3, 2]).padded().data
+        assert torch.equal(padded[0], rows.resolve_conj().resolve_neg()[:3])
+        picked = nestbatch.RaggedBatch(torch.tensor([[2, 0], [1, 0]]),
+                                       sample_sizes=torch.tensor([2, 1]))
+        got = nestbatch.batched_indexing_access(lazy, picked).tensor
+        assert torch.equal(got[0], resolved[0, [2, 0]]) and torch.equal(got[1, 0], resolved[1, 1])

@@ -11,8 +11,9 @@ compiler command, and reused by every later process. Where it cannot be built (n
 conversions run on their PyTorch implementation; :func:`status` says which and why.
 
 The functions here take host tensors and return ``None`` where the C path does not apply (no
-library, tensors not contiguous, a filler the dtype does not hold, offsets outside the C
-function's contract): the caller then runs the PyTorch implementation. Each decides that itself,
+library, tensors not contiguous or with a lazy conjugation or negation pending, a filler the
+dtype does not hold, offsets outside the C function's contract): the caller then runs the
+PyTorch implementation. Each decides that itself,
 inline, in the one frame it adds to a host conversion. Rows are bytes to the C functions, so
 every dtype takes this path. Callers run it only where autograd records nothing (the operators'
 CPU implementations). The module releases the GIL while a kernel runs.
@@ -178,6 +179,13 @@ def _output(shape: tuple[int, ...], nbytes: int, like: Tensor, out: Tensor | Non
     return empty_for_write(shape, like=like)
 
 
+def _plain(data: Tensor) -> bool:
+    """Whether the C functions may copy ``data``'s bytes as its values: contiguous, and no lazy
+    conjugation or negation pending (``x.conj()`` of a complex tensor is contiguous, and its
+    bytes are ``x``'s)."""
+    return data.is_contiguous() and not (data.is_conj() or data.is_neg())
+
+
 def _index_bytes(index: Tensor) -> int | None:
     """The index width the C functions take for ``index`` (8 or 4), or ``None`` where they do
     not apply (no module, an index not contiguous on the host or of another dtype)."""
@@ -227,7 +235,8 @@ def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number
     module = _module if _module is not None else _load()
     index_bytes = _INDEX_BYTES.get(offsets.dtype)
     if module is False or index_bytes is None or not (
-            offsets.is_cpu and offsets.is_contiguous() and values.is_contiguous()) or (
+            offsets.is_cpu and offsets.is_contiguous() and values.is_contiguous()
+            and not (values.is_conj() or values.is_neg())) or (
             filler != 0 and not held_exactly(filler, values.dtype)):
         return None
     batch = offsets.numel() - 1  # (1-d offsets)
@@ -254,7 +263,8 @@ def padded_to_packed(data: Tensor, offsets: Tensor, total: int, out: Tensor | No
     module = _module if _module is not None else _load()
     index_bytes = _INDEX_BYTES.get(offsets.dtype)
     if module is False or index_bytes is None or not (
-            offsets.is_cpu and offsets.is_contiguous() and data.is_contiguous()):
+            offsets.is_cpu and offsets.is_contiguous() and data.is_contiguous()
+            and not (data.is_conj() or data.is_neg())):
         return None
     batch, width, *features = data.shape  # (ints: one Size read, parsed fastest by new_empty)
     row_bytes = math.prod(features) * data.element_size()
@@ -274,7 +284,7 @@ def fill_padding(data: Tensor, sizes: Tensor, filler: Number) -> Tensor | None:
     or ``None`` where the C path does not apply (as :func:`packed_to_padded`; ``sizes`` not
     1-d)."""
     index_bytes = _index_bytes(sizes)
-    if index_bytes is None or not data.is_contiguous() or sizes.dim() != 1 or (
+    if index_bytes is None or not _plain(data) or sizes.dim() != 1 or (
             filler != 0 and not held_exactly(filler, data.dtype)):
         return None
     row_bytes = _row_bytes(data, 2)
@@ -300,7 +310,7 @@ def gather_rows(data: Tensor, indices: Tensor, sizes: Tensor, filler: Number) ->
     not apply (as :func:`packed_to_padded`; an index of a valid slot outside ``[0, N)``
     included)."""
     index_bytes = _indices_bytes(indices, sizes)
-    if index_bytes is None or not data.is_contiguous() or (
+    if index_bytes is None or not _plain(data) or (
             filler != 0 and not held_exactly(filler, data.dtype)):
         return None
     batch, width = indices.shape
@@ -323,7 +333,7 @@ def scatter_rows(source: Tensor, source_indices: Tensor | None, target_indices: 
     indices = (target_indices, sizes) if source_indices is None else \
         (target_indices, sizes, source_indices)
     index_bytes = _indices_bytes(*indices)
-    if index_bytes is None or not (source.is_contiguous() and out.is_contiguous()
+    if index_bytes is None or not (_plain(source) and out.is_contiguous()
                                 and out.dtype == source.dtype):
         return None
     batch, width = target_indices.shape
