@@ -158,3 +158,23 @@ def _assert_close(batch, expected: list[torch.Tensor]) -> None:
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
+
+
+def test_batch_dim_splits_empty_index_type_as_and_bmm_ranks_as_torch_nested():
+    samples = _samples(3, 1, 4, feature=(6,))
+    batch = nestbatch.nested(samples)
+    nt = torch.nested.nested_tensor(samples, layout=torch.jagged)
+    for got, want in zip(batch.chunk(2, dim=0), nt.chunk(2, dim=0)):
+        _assert_samples(got, list(want.unbind()))
+    for got, want in zip(batch.split([1, 2], dim=0), ([samples[0]], samples[1:])):
+        _assert_samples(got, want)
+    for got, want in zip(batch.split_with_sizes([2, 4], -1), nt.split_with_sizes([2, 4], -1)):
+        _assert_samples(got, list(want.unbind()))
+    assert batch[()] is batch
+    as_double = batch.type_as(torch.zeros(1, dtype=torch.float64))
+    assert as_double.dtype == torch.float64
+    _assert_samples(as_double, [s.double() for s in samples])
+    with pytest.raises(RuntimeError, match="batch2 must be a 3D tensor"):
+        torch.bmm(batch, torch.randn(6, 5))
+    with pytest.raises(RuntimeError, match="batch1 must be a 3D tensor"):
+        torch.bmm(batch.unsqueeze(-1), torch.randn(3, 1, 5))

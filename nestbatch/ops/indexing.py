@@ -50,6 +50,8 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
         # x[index_tensor], the other common form: the selected samples.
         return select_samples(batch, *batch_index_tensor(index, batch.batch_size))
     index = _expand_ellipsis(index if isinstance(index, tuple) else (index,), batch.dim())
+    if not index:  # batch[()]: the batch itself, as a tensor's x[()] is a view of all of it
+        return batch
     head, rest = index[0], index[1:]
     if _is_integer(head):
         i = operator.index(head)

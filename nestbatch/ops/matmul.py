@@ -47,6 +47,10 @@ def _matmul(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         a, b = b, a
     elif func is torch.Tensor.matmul and not is_batch(a) and torch.compiler.is_compiling():
         raise TypeError(_AMBIGUOUS_UNDER_COMPILE)
+    if func in (torch.bmm, torch.Tensor.bmm):  # (torch's rule: no broadcasting)
+        for name, x in (("batch1", a), ("batch2", b)):
+            if x.dim() != 3:
+                raise RuntimeError(f"bmm: {name} must be a 3D tensor, got {x.dim()} dims")
     if is_batch(a) and is_batch(b):
         return batch_matmul(a, b)
     if is_batch(a):

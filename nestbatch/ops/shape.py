@@ -423,19 +423,32 @@ def _unflatten(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return batch.with_values(batch.values.unflatten(stored, sizes), moved)
 
 
-@register(*torch_funcs("chunk", "split", "tensor_split"), layouts=(Layout.PACKED,),
-          moved_ragged=True)
+@register(*torch_funcs("chunk", "split", "split_with_sizes", "tensor_split"),
+          layouts=(Layout.PACKED,), moved_ragged=True)
 def _split_features(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``chunk`` / ``split`` / ``tensor_split`` along a feature dim: batches of the same
-    partition over views of the packed values (``qkv.chunk(3, dim=-1)``)."""
+    """``chunk`` / ``split`` / ``split_with_sizes`` / ``tensor_split`` along a feature dim:
+    batches of the same partition over views of the packed values (``qkv.chunk(3, dim=-1)``);
+    along the batch dim, batches of consecutive samples (as torch.nested's)."""
     batch, how = args[0], args[1] if len(args) > 1 else next(
         kwargs.pop(name) for name in ("chunks", "split_size_or_sections", "split_size",
-                                      "indices_or_sections", "sections", "indices")
+                                      "split_sizes", "indices_or_sections", "sections",
+                                      "indices")
         if name in kwargs)
     dim = args[2] if len(args) > 2 else kwargs.pop("dim", 0)
-    stored = feature_values_dim(batch, dim, func.__name__)
     method = getattr(torch.Tensor, func.__name__)
+    if normalize_dim(batch, dim) == 0:  # (torch's split of the sample numbers, as slices)
+        parts = method(torch.arange(batch.batch_size), how, 0)
+        return tuple(batch[int(p[0]) : int(p[-1]) + 1] if p.numel() else batch[:0]
+                     for p in parts)
+    stored = feature_values_dim(batch, dim, func.__name__)
     return tuple(batch.with_values(part) for part in method(batch.values, how, stored))
+
+
+@register(*torch_funcs("type_as"), layouts=(Layout.PACKED, Layout.PADDED, Layout.LIST),
+          moved_ragged=True)
+def _type_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``type_as``: the batch in the other operand's dtype (a batch or a tensor)."""
+    return args[0].to((args[1] if len(args) > 1 else kwargs["other"]).dtype)
 
 
 @register(*torch_funcs("narrow"), layouts=(Layout.PACKED,), moved_ragged=True)
