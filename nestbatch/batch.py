@@ -555,10 +555,9 @@ class NestedBatch(TensorMethods):
         packed rows) is copied into the stored tensor, as a torch view's write reaches its
         base, and drops the other conversions (a stored padded tensor written from outside
         loses its padding value: its padding may hold anything). Compares torch's version
-        counters, stamped as
-        the conversions were cached (one read per cached layout; nothing while only the
-        primary layout is cached). A list of samples is not compared (one counter per sample),
-        nor is anything made in inference mode (no counters).
+        counters, stamped as the conversions were cached (one read per cached layout; nothing
+        while only the primary layout is cached). A list of samples is not compared (one
+        counter per sample), nor is anything made in inference mode (no counters).
 
         Raises
         ------
@@ -598,7 +597,9 @@ class NestedBatch(TensorMethods):
         """After the stored values changed in place: drop the cached conversions, but for the
         one under key ``current`` (already equal to them) and the packed rows, which are
         rewritten in place: view ops run on the packed rows, so their results may view them
-        and, as torch views, must see the write (one conversion and one copy)."""
+        and, as torch views, must see the write (one conversion and one copy). Where autograd
+        recorded the write, the rewritten rows are not kept: the batch converts again, with
+        the graph."""
         primary = self._primary
         kept = {key: self._cache[key] for key in (Layout.PACKED, current)
                 if key in self._cache and self._cache[key] is not primary}
@@ -611,6 +612,8 @@ class NestedBatch(TensorMethods):
                 or _base_of(packed.values) is not _base_of(primary.data)):
             with torch.no_grad():  # (a conversion cached without a graph)
                 packed.values.copy_(convert.to_packed(primary).values)
+        if primary.recorded_by_autograd:
+            return
         for key, layout in kept.items():
             self._keep(key, layout)
 

@@ -114,3 +114,14 @@ def test_inference_mode_and_autograd_keep_working():
     with torch.no_grad():
         batch.values.add_(1)  # (cached under no_grad: copied into the leaf's data)
     assert float(batch.to_padded_tensor().sum()) == 20.0
+
+
+def test_an_in_place_op_that_autograd_records_is_differentiated_through_later_reads():
+    # The rewritten packed rows hold the values without the graph: the batch converts again.
+    batch = NestedBatch.from_padded(torch.ones(2, 3, 4), [3, 2])
+    part = batch.unsqueeze(-1)  # (a view of the cached packed rows)
+    weight = torch.tensor(3.0, requires_grad=True)
+    batch.mul_(weight)
+    assert float(part.values.sum()) == 60.0  # (the view sees the write)
+    batch.values.sum().backward()
+    assert float(weight.grad) == 20.0
