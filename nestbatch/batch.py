@@ -907,6 +907,11 @@ class NestedBatch(TensorMethods):
         return torch.unflatten(self, dim, sizes)
 
     @property
+    def mT(self) -> NestedBatch:
+        """The last two dims swapped (``Tensor.mT``): ``transpose(-2, -1)``."""
+        return self.transpose(-2, -1)
+
+    @property
     def is_nested(self) -> bool:
         """True, as ``Tensor.is_nested`` of a torch.nested tensor (code that branches on it)."""
         return True

@@ -178,3 +178,8 @@ def test_batch_dim_splits_empty_index_type_as_and_bmm_ranks_as_torch_nested():
         torch.bmm(batch, torch.randn(6, 5))
     with pytest.raises(RuntimeError, match="batch1 must be a 3D tensor"):
         torch.bmm(batch.unsqueeze(-1), torch.randn(3, 1, 5))
+
+
+def test_mT_swaps_the_last_two_dims():
+    samples = _samples(3, 1, feature=(2, 6))
+    _assert_samples(nestbatch.nested(samples).mT, [s.mT for s in samples])
