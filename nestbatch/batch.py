@@ -518,33 +518,40 @@ class NestedBatch(TensorMethods):
         return cached
 
     def _keep(self, key: Any, layout: RaggedLayout) -> RaggedLayout:
-        """Cache ``layout`` unless it is part of an autograd graph, and return it.
+        """Cache ``layout`` unless the stored data needs a gradient, and return it.
 
         A conversion recorded by autograd is not reused: the graph's saved tensors are freed
         by the first ``backward()``, so a second use of a cached one would fail; each use makes
-        its own conversion instead, as each torch op builds its own node. (Under ``no_grad``,
-        or from data that needs no gradient, conversions are cached.)
+        its own conversion instead, as each torch op builds its own node. Nor is one made under
+        ``no_grad`` of data that needs a gradient: read after the block, it would carry no
+        graph. One made in inference mode is kept only for stored inference tensors (later
+        writes outside the mode could not reach it). Conversions of data that needs no gradient
+        are cached.
         """
         if torch.compiler.is_compiling():
             return layout  # a traced graph keeps no state on the batch (nor reads grad_fn)
-        if not layout.recorded_by_autograd:
-            self._cache[key] = layout
-            if torch.is_inference_mode_enabled():
-                return layout  # (inference tensors keep no version counter)
-            # The version stamps _fresh compares (the stored tensor's with the first): written
-            # out here, on every conversion. A list of samples is not stamped (one counter per
-            # sample: too many to read on every access).
-            versions = self._versions
-            for k, stamped in ((key, layout),) if versions else ((None, self._primary),
-                                                                 (key, layout)):
-                kind = type(stamped)
-                tensor = stamped.values if kind is Packed else stamped.data if kind is Padded \
-                    else None
-                if tensor is not None:
-                    try:
-                        versions[k] = (tensor, tensor._version)
-                    except RuntimeError:  # an inference tensor (made in inference mode)
-                        pass
+        primary = self._primary
+        if _needs_gradient(primary):
+            return layout
+        if torch.is_inference_mode_enabled():
+            # (Inference tensors keep no version counter: nothing is stamped.)
+            if _inference_tensors(primary):
+                self._cache[key] = layout
+            return layout
+        self._cache[key] = layout
+        # The version stamps _fresh compares (the stored tensor's with the first): written out
+        # here, on every conversion. A list of samples is not stamped (one counter per sample:
+        # too many to read on every access).
+        versions = self._versions
+        for k, stamped in ((key, layout),) if versions else ((None, primary), (key, layout)):
+            kind = type(stamped)
+            tensor = stamped.values if kind is Packed else stamped.data if kind is Padded \
+                else None
+            if tensor is not None:
+                try:
+                    versions[k] = (tensor, tensor._version)
+                except RuntimeError:  # an inference tensor (made in inference mode)
+                    pass
         return layout
 
     def _fresh(self) -> None:
@@ -612,9 +619,7 @@ class NestedBatch(TensorMethods):
                 or _base_of(packed.values) is not _base_of(primary.data)):
             with torch.no_grad():  # (a conversion cached without a graph)
                 packed.values.copy_(convert.to_packed(primary).values)
-        if primary.recorded_by_autograd:
-            return
-        for key, layout in kept.items():
+        for key, layout in kept.items():  # (not kept where autograd recorded the write)
             self._keep(key, layout)
 
     def _write_back(self, layout: RaggedLayout) -> None:
@@ -1132,6 +1137,25 @@ class NestedBatch(TensorMethods):
 
 
 # ======================================================================= version counters
+def _needs_gradient(layout: RaggedLayout) -> bool:
+    """Whether a stored tensor of ``layout`` requires a gradient (a leaf that does, or the
+    result of a recorded op)."""
+    if type(layout) is Packed:
+        return layout.values.requires_grad
+    if type(layout) is Padded:
+        return layout.data.requires_grad
+    return any(t.requires_grad for t in layout.tensors)
+
+
+def _inference_tensors(layout: RaggedLayout) -> bool:
+    """Whether ``layout`` stores inference tensors (made in inference mode)."""
+    if type(layout) is Packed:
+        return layout.values.is_inference()
+    if type(layout) is Padded:
+        return layout.data.is_inference()
+    return all(t.is_inference() for t in layout.tensors)
+
+
 def _base_of(tensor: Tensor) -> Tensor:
     """The tensor ``tensor`` views (itself if none): views of one base share a version
     counter."""

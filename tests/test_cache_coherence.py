@@ -112,8 +112,14 @@ def test_inference_mode_and_autograd_keep_working():
     (batch.values * 2).sum().backward()
     assert data.grad.sum() == 40.0
     with torch.no_grad():
-        batch.values.add_(1)  # (cached under no_grad: copied into the leaf's data)
-    assert float(batch.to_padded_tensor().sum()) == 20.0
+        assert float(batch.to_padded_tensor().sum()) == 0.0
+    # A conversion made under no_grad of data that needs a gradient is not reused after the
+    # block: it carries no graph (the gradient was silently lost).
+    assert batch.to_padded_tensor().requires_grad and (batch * 3).requires_grad
+    with torch.inference_mode():
+        batch.to_padded_tensor()
+    batch.detach().add_(1)  # (a leaf that requires grad: written through its detached data)
+    assert float(batch.to_padded_tensor().sum()) == 20.0  # (the inference read kept nothing)
 
 
 def test_an_in_place_op_that_autograd_records_is_differentiated_through_later_reads():
@@ -125,3 +131,25 @@ def test_an_in_place_op_that_autograd_records_is_differentiated_through_later_re
     assert float(part.values.sum()) == 60.0  # (the view sees the write)
     batch.values.sum().backward()
     assert float(weight.grad) == 20.0
+
+
+def test_samples_of_a_left_padded_batch_are_views():
+    # They were copies, cached as the list layout: a write to one reached tolist() only.
+    from nestbatch.data import from_left_padded
+
+    data = torch.tensor([[[0.0, 0.0], [1.0, 2.0]], [[3.0, 4.0], [5.0, 6.0]]])
+    mask = torch.tensor([[False, True], [True, True]])
+    batch = from_left_padded(data, mask)
+    batch.unbind()[1].add_(100)
+    assert set(_reads(batch).values()) == {421.0}
+    batch[0].mul_(2)
+    assert batch.tolist()[0] == [[2.0, 4.0]] and set(_reads(batch).values()) == {424.0}
+
+
+def test_a_read_under_no_grad_is_not_served_to_later_reads_that_need_the_graph():
+    values = torch.ones(5, 2, requires_grad=True)
+    batch = NestedBatch.from_lengths(values, [2, 3])
+    with torch.no_grad():
+        batch.padded()
+    (batch * 3).to_padded_tensor().sum().backward()
+    assert values.grad is not None and float(values.grad.sum()) == 30.0

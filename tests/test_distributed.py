@@ -63,6 +63,36 @@ def test_collectives_match_the_concatenation_of_every_rank(world):
     run_on_ranks(_collectives, world)
 
 
+def _every_rank_raises_and_backward_meets(rank: int, world: int) -> None:
+    # A rank holding no row joins the backward's all_reduce (it skipped it: the others hung).
+    rows = 0 if rank == 1 else 3
+    values = torch.arange(rows * 2.0).view(rows, 2).requires_grad_()
+    out = nbd.all_gather(nb.NestedBatch.from_lengths(values, [rows] if rows else []))
+    assert out.values.requires_grad
+    out.values.sum().backward()
+    assert torch.equal(values.grad, torch.full((rows, 2), float(world)))
+    # An error found on one rank (a moved ragged dim; scatter's batches of two dtypes on the
+    # source) is raised on every rank: alone, it left the others waiting in the collective.
+    batch = nb.nested([torch.ones(2, 3)])
+    with pytest.raises(ValueError, match="rank 0: move the ragged dim back"):
+        nbd.all_gather(batch.transpose(1, 2) if rank == 0 else batch)
+    mixed = [nb.nested([torch.ones(2, dtype=torch.float64 if r else torch.float32)])
+             for r in range(world)]
+    with pytest.raises(ValueError, match=r"batches\[1\] holds a batch with dtype"):
+        nbd.scatter(mixed if rank == 0 else None, src=0)
+    with pytest.raises(TypeError, match="rank 0: batch must be a NestedBatch"):
+        nbd.broadcast(torch.ones(2) if rank == 0 else None, src=0)
+    # uint8 destinations (-1 wrapped around: every token counted outside, every rank raised).
+    tokens = torch.arange(4.0).view(2, 2) + 10 * rank
+    received, route = nbd.dispatch(tokens, torch.tensor([0, world - 1], dtype=torch.uint8))
+    assert received.shape[0] == (world if rank in (0, world - 1) else 0)  # (one from each)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_errors_reach_every_rank_and_empty_ranks_join_the_backward(world):
+    run_on_ranks(_every_rank_raises_and_backward_meets, world)
+
+
 class _Model(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

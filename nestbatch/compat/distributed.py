@@ -53,18 +53,40 @@ def _describe(batch: NestedBatch) -> dict:
         "k": batch.num_ragged_dims,
         "feature": tuple(batch.feature_shape),
         "dtype": str(batch.dtype),
+        "grad": batch.requires_grad and torch.is_grad_enabled(),
     }
+
+
+def _description(batch: Any) -> dict:
+    """:func:`_describe`, or the error it raises as ``{"error": (kind, message)}``: sent to
+    the other ranks with the descriptions, so that every rank raises it (a rank raising alone
+    would leave the others waiting in the collective)."""
+    try:
+        return _describe(batch)
+    except (TypeError, ValueError) as error:
+        return {"error": (type(error).__name__, str(error))}
+
+
+def _raise_sent_error(descriptions: Sequence[dict | None], owner: str = "rank {}") -> None:
+    """Raise, on every rank, the first error a description carries (:func:`_description`)."""
+    for i, d in enumerate(descriptions):
+        if d is not None and "error" in d:
+            kind, message = d["error"]
+            raise (TypeError if kind == "TypeError" else ValueError)(
+                f"{owner.format(i)}: {message}")
 
 
 def _not_a_batch(batch: Any) -> TypeError:
     return TypeError(f"batch must be a NestedBatch, got {type(batch).__name__}")
 
 
-def _check_agree(descriptions: Sequence[dict | None]) -> dict:
-    """The common ``k`` / feature shape / dtype of the ranks' batches (raises on every rank).
+def _check_agree(descriptions: Sequence[dict | None], owner: str = "rank {}") -> dict:
+    """The common ``k`` / feature shape / dtype of the ranks' batches (raises on every rank;
+    ``owner``: how the messages name batch ``i``).
 
     A rank with no sample has no feature shape to tell (``nested([])``): it takes the others'.
     """
+    _raise_sent_error(descriptions, owner)
     present = [(r, d) for r, d in enumerate(descriptions) if d is not None]
     holding = [(r, d) for r, d in present if d["shapes"]]
     first_rank, first = (holding or present)[0]
@@ -72,8 +94,9 @@ def _check_agree(descriptions: Sequence[dict | None]) -> dict:
         for key in ("k", "feature", "dtype"):
             if d[key] != first[key]:
                 raise ValueError(
-                    f"rank {rank} holds a batch with {key}={d[key]!r} but rank {first_rank} "
-                    f"with {key}={first[key]!r}: every rank must hold the same kind of batch"
+                    f"{owner.format(rank)} holds a batch with {key}={d[key]!r} but "
+                    f"{owner.format(first_rank)} with {key}={first[key]!r}: every rank must "
+                    "hold the same kind of batch"
                 )
     return first
 
@@ -166,11 +189,17 @@ def all_gather(batch: NestedBatch, group: Any = None) -> NestedBatch:
         On this rank's device, packed.
     """
     descriptions: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(descriptions, _describe(batch), group=group)
+    dist.all_gather_object(descriptions, _description(batch), group=group)
     agreed = _check_agree(descriptions)
     counts = tuple(_rows(d) for d in descriptions)
     local = _local_rows(batch, agreed, max(counts, default=0), _device(group))
-    values = batch.values if batch.values.numel() else local[:0]
+    values = batch.values
+    if not values.numel() and (tuple(values.shape[1:]) != tuple(agreed["feature"])
+                               or values.dtype != local.dtype):
+        values = local[:0]  # (an empty batch of another kind: nested([]))
+    if not values.requires_grad and any(d["grad"] for d in descriptions):
+        # Every rank joins the all_reduce of the backward: its output needs a gradient too.
+        values = values.detach().requires_grad_()
     values = _AllGather.apply(values, local, counts, group)
     shapes = [s for d in descriptions for s in d["shapes"]]
     return _batch(values, agreed, shapes)
@@ -180,9 +209,10 @@ def all_gather(batch: NestedBatch, group: Any = None) -> NestedBatch:
 def broadcast(batch: NestedBatch | None, src: int, group: Any = None) -> NestedBatch:
     """``src``'s batch on every rank (``batch`` is ignored on the other ranks; may be None)."""
     rank = dist.get_rank(group)
-    box = [_describe(batch) if rank == src else None]
+    box = [_description(batch) if rank == src else None]
     dist.broadcast_object_list(box, src=_global(src, group), group=group)
     description = box[0]
+    _raise_sent_error([description], f"rank {src}")
     device = _device(group)
     if rank == src:
         values = batch.values.detach().to(device).contiguous()
@@ -212,12 +242,16 @@ def scatter(batches: Sequence[NestedBatch] | None, src: int, group: Any = None
         if not isinstance(batches, Sequence) or len(batches) != world:
             got = len(batches) if isinstance(batches, Sequence) else type(batches).__name__
             raise ValueError(f"batches must hold one batch per rank ({world}), got {got}")
-        descriptions = [_describe(b) for b in batches]
-        agreed = _check_agree(descriptions)
-        descriptions = [{**agreed, "shapes": d["shapes"]} for d in descriptions]
+        descriptions = [_description(b) for b in batches]
+        try:
+            agreed = _check_agree(descriptions, "batches[{}]")
+            descriptions = [{**agreed, "shapes": d["shapes"]} for d in descriptions]
+        except (TypeError, ValueError) as error:  # (sent: every rank raises it)
+            descriptions = [{"error": (type(error).__name__, str(error))}] * world
     box: list = [None]
     dist.scatter_object_list(box, descriptions if rank == src else None,
                              src=_global(src, group), group=group)
+    _raise_sent_error(box, f"rank {src}")
     counts_box = [[_rows(d) for d in descriptions] if rank == src else None]
     dist.broadcast_object_list(counts_box, src=_global(src, group), group=group)
     counts = counts_box[0]
@@ -235,7 +269,7 @@ def gather(batch: NestedBatch, dst: int, group: Any = None) -> NestedBatch | Non
     """Every rank's samples, in rank order, on ``dst`` (None on the other ranks)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     descriptions: list = [None] * world
-    dist.all_gather_object(descriptions, _describe(batch), group=group)  # all ranks learn the sizes
+    dist.all_gather_object(descriptions, _description(batch), group=group)  # (all learn the sizes)
     agreed = _check_agree(descriptions)
     counts = [_rows(d) for d in descriptions]
     width, device = max(counts, default=0), _device(group)
@@ -658,7 +692,8 @@ def dispatch(tokens: Tensor | NestedBatch, destination: Tensor, group: Any = Non
     if error is None:
         # Destinations outside [0, world) counted at both ends: checked with the counts, after
         # the exchange, so there is no host read before it.
-        binned = torch.bincount(destination.clamp(-1, world) + 1, minlength=world + 2)
+        # (int64 first: a uint8 destination would wrap -1 around)
+        binned = torch.bincount(destination.long().clamp(-1, world) + 1, minlength=world + 2)
         counts, outside = binned[1:-1], binned[0] + binned[-1]
         status, feature = torch.where(outside > 0, _BAD_DESTINATION, 0), tuple(rows.shape[1:])
         row = _kind_row(0, True, 0, rows.dtype, feature)

@@ -69,7 +69,7 @@ def to_list(layout: RaggedLayout) -> TensorList:
         return layout
     if isinstance(layout, Packed):
         return packed_to_list(layout)
-    return padded_to_list(to_side(layout, "right"))
+    return padded_to_list(layout)  # (views, whichever side the padding is on)
 
 
 __all__ = [

@@ -62,12 +62,17 @@ def _packed_route_pays(tensor_list: TensorList) -> bool:
 
 
 def padded_to_list(padded: Padded) -> TensorList:
-    """Per-sample views into a :class:`Padded` batch's data, cropped to each sample's shape.
+    """Per-sample views into a :class:`Padded` batch's data, cropped to each sample's shape
+    (the end of each row when the padding is on the left).
 
     Needs the per-sample shapes on the host: reads them once (a sync) if only the device has them.
     """
     partition, data = padded.partition, padded.data
-    tensors = [data[(i, *map(slice, shape))] for i, shape in enumerate(partition.host_shapes)]
+    if padded.padding_side == "left":  # (one ragged dim)
+        width = data.shape[1]
+        tensors = [data[i, width - n :] for i, (n,) in enumerate(partition.host_shapes)]
+    else:
+        tensors = [data[(i, *map(slice, shape))] for i, shape in enumerate(partition.host_shapes)]
     return TensorList(
         tensors, partition.num_ragged_dims, feature_shape=padded.feature_shape,
         partition=partition, dtype=padded.dtype,  # (an empty list has no sample to tell it)
