@@ -124,6 +124,9 @@ class NestedBatch(TensorMethods):
         # ``_version``) as the conversion was cached; key None for the stored one. Empty while
         # nothing but the primary layout is cached, and for layouts not compared. See _fresh.
         self._versions: dict[Any, tuple[Tensor, int]] = {}
+        # The batch whose cached packed rows this one's stored tensor views (a view op's result
+        # over a conversion), brought up to date before this one reads: see _fresh.
+        self._base_batch: NestedBatch | None = None
         self._remember(layout)
 
     # ============================================================================ constructors
@@ -430,7 +433,7 @@ class NestedBatch(TensorMethods):
         In stored order: the ragged dim is first in every sample whatever :attr:`ragged_dim`
         is, and the feature dims are the other logical dims in order.
         """
-        if self._versions:
+        if self._versions or self._base_batch is not None:
             self._fresh()
         cached = self._cache.get(Layout.PACKED)
         if cached is None:
@@ -466,7 +469,7 @@ class NestedBatch(TensorMethods):
             padding_side="left")``, the layout decoder-only language models batch prompts in;
             its :attr:`~nestbatch.layouts.Padded.mask` is then a suffix mask).
         """
-        if self._versions:
+        if self._versions or self._base_batch is not None:
             self._fresh()
         if max_shape is not None:
             filler = 0.0 if padding_value is None else padding_value
@@ -510,7 +513,7 @@ class NestedBatch(TensorMethods):
                 f"a batch of ragged rank {self._partition.ragged_rank} has no list of tensors: "
                 "its samples are batches of their rows (unbind())"
             )
-        if self._versions:
+        if self._versions or self._base_batch is not None:
             self._fresh()
         cached = self._cache.get(Layout.LIST)
         if cached is None:
@@ -572,6 +575,9 @@ class NestedBatch(TensorMethods):
             When two of the batch's layouts that are not views of each other were written in
             place since the last read: no single value is right.
         """
+        base = self._base_batch
+        if base is not None and (base._versions or base._base_batch is not None):
+            base._fresh()  # (rewrites the rows this batch views if its own data changed)
         for tensor, version in self._versions.values():  # (the hot path: no frame)
             if tensor._version != version:
                 break
@@ -841,7 +847,7 @@ class NestedBatch(TensorMethods):
         keeps_filler: bool = True,
     ) -> NestedBatch:
         """New batch whose primary layout's tensors are ``fn`` of this one's."""
-        if self._versions:
+        if self._versions or self._base_batch is not None:
             self._fresh()
         layout = self._primary
         partition = partition or layout.partition
@@ -928,7 +934,7 @@ class NestedBatch(TensorMethods):
     def stored(self) -> tuple[Tensor, ...]:
         """The tensors the batch stores: the packed values, the padded data (padding slots
         included) or the samples, whichever layout it was built in."""
-        if self._versions:
+        if self._versions or self._base_batch is not None:
             self._fresh()
         layout = self._primary
         if isinstance(layout, Packed):
@@ -1014,9 +1020,15 @@ class NestedBatch(TensorMethods):
             )
         packed = Packed.trusted(values, self._partition.to(values.device))
         ragged_dim = self._ragged_dim if ragged_dim is None else ragged_dim
-        if ragged_dim == 1:
-            return NestedBatch.trusted(packed)  # dim 1 is valid for every feature shape
-        return NestedBatch(packed, ragged_dim)
+        # dim 1 is valid for every feature shape
+        out = NestedBatch.trusted(packed) if ragged_dim == 1 else NestedBatch(packed, ragged_dim)
+        rows = self._cache.get(Layout.PACKED)
+        if rows is not None and rows is not self._primary \
+                and _base_of(values) is _base_of(rows.values):
+            # This batch's cached packed rows, or a view of them (a view op's result): this
+            # batch brings them up to date before the new one reads them.
+            out._base_batch = self
+        return out
 
     def map_values(self, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
         """Apply ``fn`` to the packed values (TF ``map_flat_values``); keeps the structure."""
@@ -1106,7 +1118,7 @@ class NestedBatch(TensorMethods):
 
     def __getstate__(self) -> dict:
         # Only the primary layout travels; other layouts are recomputed on demand.
-        if self._versions:
+        if self._versions or self._base_batch is not None:
             self._fresh()
         return {"primary": self._primary, "ragged_dim": self._ragged_dim}
 
@@ -1168,7 +1180,7 @@ def _base_of(tensor: Tensor) -> Tensor:
 def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
     """The cached layout of ``kind`` (for a padded one, whatever its filler; right-padded, the
     only padding ops read), or None."""
-    if batch._versions:
+    if batch._versions or batch._base_batch is not None:
         batch._fresh()
     if kind is Layout.PADDED:
         return next((lay for key, lay in batch._cache.items()
@@ -1183,7 +1195,7 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
     i %= batch.batch_size
     if batch._partition.ragged_rank > 1:
         return batch._nested_sample(i)
-    if batch._versions:
+    if batch._versions or batch._base_batch is not None:
         batch._fresh()
     layout = batch._primary
     if Layout.LIST in batch._cache:
@@ -1203,7 +1215,7 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
 def stored_layout(batch: NestedBatch) -> RaggedLayout:
     """The layout the batch was built in (the one in-place ops write into), with the writes
     made through its cached layouts (:meth:`NestedBatch._fresh`)."""
-    if batch._versions:
+    if batch._versions or batch._base_batch is not None:
         batch._fresh()
     return batch._primary
 
@@ -1227,6 +1239,7 @@ def with_ragged_dim(batch: NestedBatch, ragged_dim: int) -> NestedBatch:
         return batch
     out = NestedBatch(batch._primary, ragged_dim)
     out._cache, out._versions = batch._cache, batch._versions
+    out._base_batch = batch._base_batch
     return out
 
 

@@ -153,3 +153,17 @@ def test_a_read_under_no_grad_is_not_served_to_later_reads_that_need_the_graph()
         batch.padded()
     (batch * 3).to_padded_tensor().sum().backward()
     assert values.grad is not None and float(values.grad.sum()) == 30.0
+
+
+def test_a_view_of_a_view_sees_a_write_to_the_first_batch():
+    # w views v's cached packed rows; v views b's padded data: b's write reached w only once
+    # v was read. A view now brings its base up to date before it reads.
+    b = NestedBatch.from_padded(torch.arange(12.0).view(2, 3, 2), [2, 3], padding_value=0.0)
+    v = b[:, :2]
+    w = v[..., 0]
+    b.add_(100)
+    assert w.tolist() == [[100.0, 102.0], [106.0, 108.0]]
+    b = NestedBatch.from_padded(torch.arange(12.0).view(2, 3, 2), [2, 3], padding_value=0.0)
+    w = b[:, :2].transpose(1, 2)
+    b.padded().data[0, 0, 0] = -5
+    assert w.unbind()[0].tolist() == [[-5.0, 2.0], [1.0, 3.0]]

@@ -371,6 +371,9 @@ RECIPES: dict[str, Recipe] = {
     "chunk": unary(2, -1),
     "split": unary(2, -1),
     "tensor_split": unary(2, -1),
+    "split_with_sizes": unary([1, FEATURES - 1], -1),
+    "type_as": lambda s, f: (lambda b, other: lambda: f(b, other))(
+        s.batch(), s.dense(1).to(torch.float64)),
     "narrow": unary(-1, 1, 2),
     "numel": unary(),
     "element_size": unary(),
@@ -685,6 +688,8 @@ audit("NestedBatch.to_padded_tensor [output_size]",
       _method("to_padded_tensor", 0.0, (None, MAX_LEN, FEATURES)), device=True)
 audit("NestedBatch.with_values", lambda s: (lambda b, v: lambda: b.with_values(v))(
     s.batch(), s.values()), device=True)
+audit("NestedBatch.mT", lambda s: (lambda b: lambda: b.mT)(s.batch(2, FEATURES // 2)),
+      device=True)
 audit("NestedBatch.__len__", lambda s: (lambda b: lambda: len(b))(s.batch()), device=True)
 audit("NestedBatch.__iter__", lambda s: (lambda b: lambda: list(b))(s.batch()), device=True)
 audit("NestedBatch.__repr__", lambda s: (lambda b: lambda: repr(b))(s.batch()), device=True)

@@ -404,12 +404,12 @@ def test_a_batch_with_grad_runs_and_backpropagates_twice(op):
     torch.testing.assert_close(first, 2 * values.grad)
 
 
-def test_conversions_without_grad_are_cached():
+def test_conversions_of_data_that_needs_no_gradient_are_cached():
     batch = NestedBatch.from_lengths(torch.randn(10, 2), [4, 6])
     assert batch.padded() is batch.padded()
-    with torch.no_grad():
+    with torch.no_grad():  # (not data that needs one: read after the block, no graph)
         graded = NestedBatch.from_lengths(torch.randn(10, 2, requires_grad=True), [4, 6])
-        assert graded.padded() is graded.padded()
+        assert graded.padded() is not graded.padded()
 
 
 @pytest.mark.parametrize("name", ["sum", "mean", "amax", "amin"])
