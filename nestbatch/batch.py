@@ -533,8 +533,12 @@ class NestedBatch(TensorMethods):
         """
         if torch.compiler.is_compiling():
             return layout  # a traced graph keeps no state on the batch (nor reads grad_fn)
+        # Written out: this runs on every conversion. ``stored``: the primary layout's one
+        # tensor (None for a list of samples).
         primary = self._primary
-        if _needs_gradient(primary):
+        kind = type(primary)
+        stored = primary.values if kind is Packed else primary.data if kind is Padded else None
+        if stored.requires_grad if stored is not None else _needs_gradient(primary):
             return layout
         if torch.is_inference_mode_enabled():
             # (Inference tensors keep no version counter: nothing is stamped.)
@@ -542,19 +546,19 @@ class NestedBatch(TensorMethods):
                 self._cache[key] = layout
             return layout
         self._cache[key] = layout
-        # The version stamps _fresh compares (the stored tensor's with the first): written out
-        # here, on every conversion. A list of samples is not stamped (one counter per sample:
-        # too many to read on every access).
+        # The version stamps _fresh compares: the stored tensor's with the first conversion's.
+        # A list of samples is not stamped (one counter per sample: too many to read on every
+        # access).
         versions = self._versions
-        for k, stamped in ((key, layout),) if versions else ((None, primary), (key, layout)):
-            kind = type(stamped)
-            tensor = stamped.values if kind is Packed else stamped.data if kind is Padded \
-                else None
+        kind = type(layout)
+        tensor = layout.values if kind is Packed else layout.data if kind is Padded else None
+        try:  # (an inference tensor, made in inference mode, keeps no counter: not stamped)
+            if not versions and stored is not None:
+                versions[None] = (stored, stored._version)
             if tensor is not None:
-                try:
-                    versions[k] = (tensor, tensor._version)
-                except RuntimeError:  # an inference tensor (made in inference mode)
-                    pass
+                versions[key] = (tensor, tensor._version)
+        except RuntimeError:
+            pass
         return layout
 
     def _fresh(self) -> None:
