@@ -60,3 +60,17 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="structure"):
         F.embedding_bag(batch, weight, mode="sum", per_sample_weights=nestbatch.nested(
             [torch.ones(3)]))
+
+
+def test_refuses_weights_of_other_lengths_and_two_ragged_dims():
+    # Weights of lengths [1, 2] on indices of lengths [2, 1] (the same total) were applied by
+    # position; indices ragged in two dims were pooled per sample.
+    weight = torch.randn(10, 3)
+    indices = nestbatch.nested([torch.tensor([1, 2]), torch.tensor([3])])
+    weights = nestbatch.nested([torch.tensor([0.5]), torch.tensor([1.0, 2.0])])
+    with pytest.raises(ValueError, match="same row structure"):
+        F.embedding_bag(indices, weight, mode="sum", per_sample_weights=weights)
+    grid = nestbatch.nested([torch.ones(2, 2, dtype=torch.long),
+                             torch.ones(1, 3, dtype=torch.long)], num_ragged_dims=2)
+    with pytest.raises(ValueError, match="one ragged dim"):
+        F.embedding_bag(grid, weight)

@@ -90,3 +90,10 @@ def _inverse_order(ps):
     index = torch.arange(ps.data.shape[0])
     unpacked = nestbatch.from_packed_sequence(ps._replace(data=index))
     return unpacked.values
+
+
+def test_from_packed_sequence_refuses_increasing_batch_sizes():
+    # batch_sizes [2, 3, 3] gave 2 samples and dropped rows; pad_packed_sequence refuses it.
+    bad = torch.nn.utils.rnn.PackedSequence(torch.randn(8, 2), torch.tensor([2, 3, 3]))
+    with pytest.raises(ValueError, match="must not increase"):
+        nestbatch.from_packed_sequence(bad)

@@ -187,6 +187,12 @@ def from_packed_sequence(sequence: PackedSequence) -> NestedBatch:
     if not isinstance(sequence, PackedSequence):
         raise TypeError(f"sequence must be a PackedSequence, got {type(sequence).__name__}")
     batch_sizes = sequence.batch_sizes.cpu().to(torch.int64)
+    if batch_sizes.numel() and (bool((batch_sizes[1:] > batch_sizes[:-1]).any())
+                                or int(batch_sizes.sum()) != sequence.data.shape[0]):
+        # (as pad_packed_sequence refuses them: rows would be dropped)
+        rows = sequence.data.shape[0]
+        raise ValueError(f"sequence.batch_sizes must not increase and must add up to the {rows} "
+                         f"rows of its data, got {batch_sizes.tolist()}")
     num_samples = int(batch_sizes[0]) if batch_sizes.numel() else 0
     sorted_lengths = (batch_sizes[None, :] > torch.arange(num_samples)[:, None]).sum(1)
     data, unsorted = sequence.data, sequence.unsorted_indices

@@ -34,6 +34,7 @@ from torch import Tensor
 from nestbatch.batch import NestedBatch, stored_layout
 from nestbatch.conversions.time_major import TimeMajorOrder
 from nestbatch.layouts import Layout
+from nestbatch.ops.common import check_same_structure
 from nestbatch.ops.registry import register
 
 _EMBEDDING_BAG = inspect.signature(F.embedding_bag)
@@ -52,9 +53,10 @@ def _embedding_bag(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tens
         )
     if call.get("offsets") is not None:
         raise ValueError("offsets must be None when input is a NestedBatch (its offsets are used)")
-    if batch.feature_shape != torch.Size():
+    if batch.feature_shape != torch.Size() or batch.num_ragged_dims != 1:
         raise ValueError(
-            "input must be a batch of index sequences (no feature dims), got feature shape "
+            "input must be a batch of index sequences (one ragged dim, no feature dims), got "
+            f"{batch.num_ragged_dims} ragged dim(s) and feature shape "
             f"{tuple(batch.feature_shape)}"
         )
     if call.get("include_last_offset"):
@@ -75,13 +77,9 @@ def _per_sample_weights(weights: Any, batch: NestedBatch) -> Tensor | None:
             f"{batch.batch_size} samples without feature dims, got {weights.batch_size} samples "
             f"with feature shape {tuple(weights.feature_shape)}"
         )
-    values = weights.values
-    if values.shape[0] != batch.values.shape[0]:
-        raise ValueError(
-            f"per_sample_weights has {values.shape[0]} entries, input has "
-            f"{batch.values.shape[0]} indices"
-        )
-    return values
+    # (Weights of other lengths but the same total were applied by position.)
+    check_same_structure(batch, weights, "input and per_sample_weights")
+    return weights.values
 
 
 # ============================================================================ RNN / LSTM / GRU
