@@ -141,21 +141,23 @@ def batch_index_tensor(index: Any, batch_size: int) -> tuple[Tensor, list[int] |
         return torch.tensor(host, dtype=torch.int64), host
     if not isinstance(index, Tensor):
         index = _host_index(index)
-    if index.dtype == torch.uint8:  # torch's deprecated reading of a uint8 index: a mask
+    dtype = index.dtype
+    if dtype is torch.uint8:  # torch's deprecated reading of a uint8 index: a mask
         warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
                       "torch.bool instead.", UserWarning, stacklevel=2)
-        index = index.bool()
-    if index.dtype == torch.bool:
+        index, dtype = index.bool(), torch.bool
+    if dtype is torch.bool:
         if index.shape != (batch_size,):
             raise IndexError(
                 f"a bool batch index must have shape ({batch_size},), got {tuple(index.shape)}"
             )
         return index.nonzero().flatten(), None
-    if index.is_floating_point() or index.is_complex():
-        raise TypeError(f"batch index must be integer or bool, got {index.dtype}")
-    if index.dim() > 1:  # (dense indexing would add batch dims: a batch has one)
+    if dtype.is_floating_point or dtype.is_complex:
+        raise TypeError(f"batch index must be integer or bool, got {dtype}")
+    ndim = index.dim()
+    if ndim > 1:  # (dense indexing would add batch dims: a batch has one)
         raise IndexError(f"a batch index tensor must be 1-d, got shape {tuple(index.shape)}")
-    if index.dim() != 1:
+    if ndim == 0:
         index = index.reshape(-1)
     if index.is_cpu:
         host = index.tolist()
