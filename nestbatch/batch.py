@@ -538,11 +538,12 @@ class NestedBatch(TensorMethods):
         primary = self._primary
         kind = type(primary)
         stored = primary.values if kind is Packed else primary.data if kind is Padded else None
-        if stored.requires_grad if stored is not None else _needs_gradient(primary):
+        if stored.requires_grad if stored is not None else any(
+                t.requires_grad for t in primary.tensors):
             return layout
         if torch.is_inference_mode_enabled():
             # (Inference tensors keep no version counter: nothing is stamped.)
-            if _inference_tensors(primary):
+            if all(t.is_inference() for t in _stored_tensors(primary)):
                 self._cache[key] = layout
             return layout
         self._cache[key] = layout
@@ -552,13 +553,13 @@ class NestedBatch(TensorMethods):
         versions = self._versions
         kind = type(layout)
         tensor = layout.values if kind is Packed else layout.data if kind is Padded else None
-        try:  # (an inference tensor, made in inference mode, keeps no counter: not stamped)
+        try:
             if not versions and stored is not None:
                 versions[None] = (stored, stored._version)
             if tensor is not None:
                 versions[key] = (tensor, tensor._version)
-        except RuntimeError:
-            pass
+        except RuntimeError:  # an inference tensor (made in inference mode) keeps no counter
+            return layout  # (not stamped)
         return layout
 
     def _fresh(self) -> None:
@@ -940,12 +941,7 @@ class NestedBatch(TensorMethods):
         included) or the samples, whichever layout it was built in."""
         if self._versions or self._base_batch is not None:
             self._fresh()
-        layout = self._primary
-        if isinstance(layout, Packed):
-            return (layout.values,)
-        if isinstance(layout, Padded):
-            return (layout.data,)
-        return tuple(layout.tensors)
+        return _stored_tensors(self._primary)
 
     def with_stored(self, tensors: Sequence[Tensor]) -> NestedBatch:
         """A batch of this structure and layout over other ``tensors`` of the shapes of
@@ -1153,23 +1149,14 @@ class NestedBatch(TensorMethods):
 
 
 # ======================================================================= version counters
-def _needs_gradient(layout: RaggedLayout) -> bool:
-    """Whether a stored tensor of ``layout`` requires a gradient (a leaf that does, or the
-    result of a recorded op)."""
-    if type(layout) is Packed:
-        return layout.values.requires_grad
-    if type(layout) is Padded:
-        return layout.data.requires_grad
-    return any(t.requires_grad for t in layout.tensors)
-
-
-def _inference_tensors(layout: RaggedLayout) -> bool:
-    """Whether ``layout`` stores inference tensors (made in inference mode)."""
-    if type(layout) is Packed:
-        return layout.values.is_inference()
-    if type(layout) is Padded:
-        return layout.data.is_inference()
-    return all(t.is_inference() for t in layout.tensors)
+def _stored_tensors(layout: RaggedLayout) -> tuple[Tensor, ...]:
+    """The tensors ``layout`` stores: the packed values, the padded data (padding slots
+    included) or the samples."""
+    if isinstance(layout, Packed):
+        return (layout.values,)
+    if isinstance(layout, Padded):
+        return (layout.data,)
+    return tuple(layout.tensors)
 
 
 def _base_of(tensor: Tensor) -> Tensor:

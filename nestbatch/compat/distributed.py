@@ -64,7 +64,12 @@ def _description(batch: Any) -> dict:
     try:
         return _describe(batch)
     except (TypeError, ValueError) as error:
-        return {"error": (type(error).__name__, str(error))}
+        return _sent(error)
+
+
+def _sent(error: TypeError | ValueError) -> dict:
+    """``error`` as a description to send (:func:`_raise_sent_error` raises it)."""
+    return {"error": (type(error).__name__, str(error))}
 
 
 def _raise_sent_error(descriptions: Sequence[dict | None], owner: str = "rank {}") -> None:
@@ -247,7 +252,7 @@ def scatter(batches: Sequence[NestedBatch] | None, src: int, group: Any = None
             agreed = _check_agree(descriptions, "batches[{}]")
             descriptions = [{**agreed, "shapes": d["shapes"]} for d in descriptions]
         except (TypeError, ValueError) as error:  # (sent: every rank raises it)
-            descriptions = [{"error": (type(error).__name__, str(error))}] * world
+            descriptions = [_sent(error)] * world
     box: list = [None]
     dist.scatter_object_list(box, descriptions if rank == src else None,
                              src=_global(src, group), group=group)

@@ -105,11 +105,12 @@ def fill_max_shape(
             f"partial_max_shape must have {largest.numel()} entries (one per dim of "
             f"shape_per_tensor), got {list(partial_max_shape)}"
         )
+    maxima = largest.tolist()  # (the read the Notes say)
     filled = [
         int(big) if size is None or size == -1 else int(size)
-        for size, big in zip(partial_max_shape, largest.tolist())
+        for size, big in zip(partial_max_shape, maxima)
     ]
-    for i, (size, big) in enumerate(zip(filled, largest.tolist())):
+    for i, (size, big) in enumerate(zip(filled, maxima)):
         if size < big:  # (kaolin's check and message)
             raise ValueError(f"dim {i} of max_shape ({size}) is smaller than the max shape of "
                              f"the tensors in the batch ({big})")
@@ -287,7 +288,7 @@ def tile_to_packed(values: Tensor, numel_per_tensor: Tensor) -> Tensor:
             f"{tuple(values.shape)}"
         )
     if numel_per_tensor.is_cpu:  # host counts (kaolin's): the output size is known, no sync
-        host = checked_host_sizes(numel_per_tensor.tolist(), "numel_per_tensor")
+        host = checked_host_sizes(numel_per_tensor.tolist(), "numel_per_tensor")  # (host)
         partition = RowPartition.from_host_sizes(host, values.device, host.largest)
     else:
         counts = as_index_tensor(numel_per_tensor, "numel_per_tensor", values.device)
@@ -352,7 +353,7 @@ def _batch_from_packed(
     if not first_idx.is_cpu:
         return NestedBatch(Packed(packed_tensor, partition=_partition(
             shapes, host, packed_tensor.device)))
-    starts = first_idx.tolist()
+    starts = first_idx.tolist()  # (a host tensor: no sync)
     _check_first_idx(starts, read_device_values(shapes) if host is None else host,
                      packed_tensor.shape[0])
     rows = packed_tensor[starts[0]:starts[-1]]

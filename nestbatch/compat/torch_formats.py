@@ -189,7 +189,7 @@ def from_packed_sequence(sequence: PackedSequence) -> NestedBatch:
     batch_sizes = sequence.batch_sizes.cpu().to(torch.int64)
     if batch_sizes.numel() and (bool((batch_sizes[1:] > batch_sizes[:-1]).any())
                                 or int(batch_sizes.sum()) != sequence.data.shape[0]):
-        # (as pad_packed_sequence refuses them: rows would be dropped)
+        # (as pad_packed_sequence refuses them: rows would be dropped; host tensors, no sync)
         rows = sequence.data.shape[0]
         raise ValueError(f"sequence.batch_sizes must not increase and must add up to the {rows} "
                          f"rows of its data, got {batch_sizes.tolist()}")

@@ -13,10 +13,10 @@ conversions run on their PyTorch implementation; :func:`status` says which and w
 The functions here take host tensors and return ``None`` where the C path does not apply (no
 library, tensors not contiguous or with a lazy conjugation or negation pending, a filler the
 dtype does not hold, offsets outside the C function's contract): the caller then runs the
-PyTorch implementation. Each decides that itself,
-inline, in the one frame it adds to a host conversion. Rows are bytes to the C functions, so
-every dtype takes this path. Callers run it only where autograd records nothing (the operators'
-CPU implementations). The module releases the GIL while a kernel runs.
+PyTorch implementation. Each decides that itself, inline, in the one frame it adds to a host
+conversion. Rows are bytes to the C functions, so every dtype takes this path. Callers run it
+only where autograd records nothing (the operators' CPU implementations). The module releases
+the GIL while a kernel runs.
 """
 
 from __future__ import annotations
