@@ -416,6 +416,11 @@ RECIPES: dict[str, Recipe] = {
     "unsqueeze": unary(-1),
     "squeeze": lambda s, f: (lambda b: lambda: f(b, -1))(s.batch(FEATURES, 1)),
     "flatten": lambda s, f: (lambda b: lambda: f(b, 2))(s.batch(2, 2)),
+    "expand": lambda s, f: (lambda b: lambda: f(b, -1, -1, 3, FEATURES))(s.batch(1, FEATURES)),
+    "broadcast_to": lambda s, f: (lambda b: lambda: f(b, (-1, -1, 3, FEATURES)))(
+        s.batch(1, FEATURES)),
+    "expand_as": lambda s, f: (lambda b, w: lambda: f(w, b))(s.batch(), s.dense(FEATURES)),
+    "copy_": binary(),
     "tile": unary((1, 2)),
     "repeat": unary(1, 1, 2),
     "float_power_": binary(dtype=torch.float64),

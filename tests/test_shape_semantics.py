@@ -183,3 +183,70 @@ def test_batch_dim_splits_empty_index_type_as_and_bmm_ranks_as_torch_nested():
 def test_mT_swaps_the_last_two_dims():
     samples = _samples(3, 1, feature=(2, 6))
     _assert_samples(nestbatch.nested(samples).mT, [s.mT for s in samples])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_expand_and_broadcast_to_are_torchs_on_every_sample(layout):
+    samples = _samples(3, 0, 2, feature=(1, 2))
+    batch = nestbatch.nested(samples).to(layout)
+    expanded = batch.expand(-1, -1, 4, 2)
+    _assert_samples(expanded, [s.expand(-1, 4, 2) for s in samples])
+    assert expanded.values.data_ptr() == batch.values.data_ptr()  # a view of the rows
+    _assert_samples(batch.expand(*batch.shape[:2], 5, -1), [s.expand(-1, 5, 2) for s in samples])
+    _assert_samples(torch.broadcast_to(batch, (3, -1, 4, 2)), [s.expand(-1, 4, 2) for s in samples])
+    moved = batch.transpose(1, 2)  # (B, 1, j, 2)
+    _assert_samples(moved.expand(-1, 3, -1, -1),
+                    [s.transpose(0, 1).expand(3, -1, -1) for s in samples])
+
+
+@pytest.mark.parametrize("size", [(-1, -1, 4, 3), (-1, 5, 4, 2), (2, -1, 4, 2), (1, 3, -1, 4, 2),
+                                  (-1, -1, -2, 2)])
+def test_expand_raises_where_torch_or_torch_nested_does(size):
+    batch = nestbatch.nested(_samples(3, 0, 2, feature=(1, 2)))
+    with pytest.raises(RuntimeError):  # (a NestedValueError: also a ValueError)
+        batch.expand(*size)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_expand_as_spreads_either_operand_over_the_samples(layout):
+    samples = _samples(3, 0, 2, feature=(4, 2))
+    other = nestbatch.nested(samples).to(layout)
+    ones = nestbatch.nested([s[:, :1] for s in samples]).to(layout)
+    _assert_samples(ones.expand_as(other), [s[:, :1].expand(-1, 4, 2) for s in samples])
+    row = torch.randn(4, 2)
+    _assert_samples(row.expand_as(other), [row.expand(len(s), 4, 2) for s in samples])
+    per_sample = torch.randn(3, 1, 4, 2)
+    _assert_samples(per_sample.expand_as(other),
+                    [per_sample[i].expand(len(s), 4, 2) for i, s in enumerate(samples)])
+    with pytest.raises(TypeError, match="NestedBatch of the batch's samples"):
+        ones.expand_as(torch.zeros(3, 3, 4, 2))
+    with pytest.raises(ValueError, match="same row structure"):
+        ones.expand_as(nestbatch.nested(_samples(1, 1, 1, feature=(4, 2))))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_copy_writes_the_source_into_the_batch_as_torchs_copy_(layout):
+    samples = _samples(3, 0, 2)
+    batch = nestbatch.nested([s.clone() for s in samples]).to(layout)
+    source = nestbatch.nested([2 * s.double() for s in samples])
+    assert batch.copy_(source) is batch
+    assert batch.dtype == torch.float32
+    _assert_samples(batch, [2 * s for s in samples])
+    assert torch.equal(batch.to_padded_tensor(0.0),
+                       nestbatch.nested([2 * s for s in samples]).to_padded_tensor(0.0))
+    batch.copy_(torch.tensor([1.0, 5.0]))  # what broadcasts against every row
+    _assert_samples(batch, [torch.tensor([1.0, 5.0]).expand(len(s), 2) for s in samples])
+    with pytest.raises(ValueError, match="same row structure"):
+        batch.copy_(nestbatch.nested(_samples(1, 1, 1)))
+    with pytest.raises(RuntimeError, match="cannot hold"):
+        torch.zeros(2).copy_(batch)
+
+
+def test_copy_passes_the_gradient_to_its_source():
+    samples = [torch.randn(n, 2, dtype=torch.float64, requires_grad=True) for n in (3, 0, 2)]
+
+    def copied(*xs):
+        target = nestbatch.nested([torch.zeros(len(x), 2, dtype=torch.float64) for x in xs])
+        return target.copy_(nestbatch.NestedBatch.from_list(list(xs)) * 3).to_padded_tensor(0.0)
+
+    assert torch.autograd.gradcheck(copied, samples)

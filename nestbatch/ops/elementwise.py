@@ -9,9 +9,9 @@ operand (``x.exp()``, ``x * 2``), it runs on the padded data instead and the res
 A batch whose ragged dim was moved (:attr:`~nestbatch.NestedBatch.ragged_dim`) keeps it there;
 the broadcasting rules for it are in :mod:`nestbatch.ops.broadcasting`.
 
-In-place forms (``add_``, ``x += y``, ``clamp_``, ``fill_``, ``zero_``, ...) run torch's in-place
-op on the stored packed rows (or padded data, the padding put back), else compute the result out
-of place and write it into the batch's stored layout (see
+In-place forms (``add_``, ``x += y``, ``clamp_``, ``fill_``, ``zero_``, ``copy_``, ...) run
+torch's in-place op on the stored packed rows (or padded data, the padding put back), else
+compute the result out of place and write it into the batch's stored layout (see
 :func:`nestbatch.ops.common.replace_storage`).
 """
 
@@ -163,11 +163,13 @@ _INPLACE_NAMES = (*(name + "_" for name in (*UNARY, *BINARY)), *INPLACE_DUNDERS)
 _INPLACE = tuple(getattr(torch.Tensor, n) for n in _INPLACE_NAMES if hasattr(torch.Tensor, n))
 
 
-@register(*_INPLACE, torch.Tensor.zero_, torch.Tensor.fill_, layouts=PACKED_OR_PADDED,
+@register(*_INPLACE, torch.Tensor.zero_, torch.Tensor.fill_, torch.Tensor.copy_,
+          layouts=PACKED_OR_PADDED,
           prefer=Layout.PACKED, moved_ragged=True, nested=True)
 def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``b.add_(x)``, ``b += x``, ``b.exp_()``, ``b.fill_(v)``, ...: torch's in-place op itself,
-    so torch's rules (result dtype, broadcasting into the target's shape) decide what runs.
+    """``b.add_(x)``, ``b += x``, ``b.exp_()``, ``b.fill_(v)``, ``b.copy_(src)``, ...: torch's
+    in-place op itself, so torch's rules (result dtype, broadcasting into the target's shape)
+    decide what runs.
 
     On the stored tensors where the operands line up with them: one launch on packed rows; on
     padded data, batch operands are padded as it is, and two more ops put the filler back in

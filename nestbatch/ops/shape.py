@@ -30,6 +30,7 @@ from nestbatch.batch import NestedBatch, moved_ragged_error, sample_of, storage_
 from nestbatch.checks import normalize_dim as checked_dim
 from nestbatch.layouts import Layout, RowPartition
 from nestbatch.layouts.sizes import RaggedSize
+from nestbatch.ops.broadcasting import packed_operand
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
     check_same_structure,
@@ -487,6 +488,96 @@ def _check_narrow_fits(batch: NestedBatch, start: int, length: int) -> None:
     if first + length > shortest:
         raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size "
                            f"({shortest}) of the shortest sample")
+
+
+@register(*torch_funcs("expand", "broadcast_to"), layouts=(Layout.PACKED,), moved_ragged=True)
+def _expand(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``expand`` / ``broadcast_to``: a view of the packed values with size-1 feature dims
+    spread, as torch.nested's (the ragged dims take -1 or the batch's own ragged size)."""
+    if kwargs.pop("implicit", False):
+        raise ValueError("expand(implicit=True) is not supported for a NestedBatch")
+    batch = args[0]
+    size = _ragged_kept(batch, _shape_arg(args, kwargs))
+    values = batch.values
+    return batch.with_values(values.expand(values.shape[0], *_expanded_feature_shape(
+        batch, size, func.__name__)))
+
+
+def _expanded_feature_shape(batch: NestedBatch, size: tuple[int, ...], what: str
+                            ) -> tuple[int, ...]:
+    """The stored feature shape of ``batch`` expanded to the logical ``size`` (as many dims as
+    the batch: a batch gains no dim before its batch dim).
+
+    Raises
+    ------
+    ValueError
+        If ``size`` has another number of dims, changes the batch size, gives a ragged dim a
+        size, or changes a feature dim whose size is not 1.
+    """
+    if len(size) != batch.dim():
+        raise ValueError(
+            f"{what}: size {size} must have the batch's {batch.dim()} dims (its shape is "
+            f"{batch.shape}); a batch gains no dim before its batch dim"
+        )
+    _check_batch_size(batch, size)
+    features = batch.feature_shape
+    ragged_count = batch.dim() - 1 - len(features)
+    ragged = range(batch.ragged_dim, batch.ragged_dim + ragged_count)
+    expanded = []
+    logical = (d for d in range(1, batch.dim()) if d not in ragged)
+    for d, old in zip(logical, features):
+        new = size[d]
+        if new == -1:
+            expanded.append(old)
+        elif new >= 0 and old in (1, new):
+            expanded.append(new)
+        else:
+            raise ValueError(
+                f"{what}: the expanded size ({new}) must match the existing size ({old}) at "
+                f"non-singleton dim {d} (target sizes {size}, the batch's shape {batch.shape})"
+            )
+    for d in ragged:
+        if size[d] != -1:
+            raise ValueError(f"{what}: size {size} gives ragged dim {d} a size; give -1 there "
+                             "(or the batch's own ragged size): it keeps its sizes")
+    return tuple(expanded)
+
+
+@register(*torch_funcs("expand_as"), layouts=(Layout.PACKED,), moved_ragged=True, nested=True)
+def _expand_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``x.expand_as(other)`` with a batch on either side: a batch of ``other``'s shape.
+
+    A batch ``x`` expands its size-1 feature dims (a view, as ``expand``); ``other`` must be a
+    batch of the same samples or a dense tensor of ``x``'s logical shape with 1 or the ragged
+    sizes' -1 at the ragged dims. A dense ``x`` is spread over ``other``'s samples as it
+    broadcasts in an elementwise op (:mod:`nestbatch.ops.broadcasting`): a view, except for a
+    ``(B, 1, ...)`` tensor of one value per sample, whose rows are gathered (a copy).
+    """
+    source, other = args[0], args[1] if len(args) > 1 else kwargs["other"]
+    if not is_batch(source):
+        if source.dim() > other.dim():
+            raise ValueError(
+                f"expand_as: a tensor of shape {tuple(source.shape)} has more dims than the "
+                f"batch ({other.dim()}, shape {other.shape})"
+            )
+        nf = len(other.feature_shape)
+        values = other.values
+        operand = packed_operand(source, other, nf)
+        return other.with_values(operand.expand(values.shape))
+    if not is_batch(other):
+        # A dense target would give every sample one length: torch.nested refuses it too.
+        raise TypeError(f"expand_as: other must be a NestedBatch of the batch's samples, got "
+                        f"{type(other).__name__}")
+    if other.ragged_dim != source.ragged_dim or other.dim() != source.dim():
+        raise ValueError(
+            f"expand_as: the batch presents its ragged dim at dim {source.ragged_dim} of "
+            f"{source.dim()} and other at dim {other.ragged_dim} of {other.dim()}"
+        )
+    check_same_structure(source, other, "expand_as: the batch and other")
+    size = (-1, *(-1 if s is None else s for s in other.sample_shape))
+    values = source.values
+    return source.with_values(values.expand(values.shape[0], *_expanded_feature_shape(
+        source, size, "expand_as")))
 
 
 @register(*torch_funcs("numel", "element_size", "is_contiguous"),
