@@ -1,7 +1,8 @@
 """`TensorMethods`: the Tensor-like surface of a :class:`~nestbatch.NestedBatch`.
 
 Python operators (``+ - * / // % ** @``, comparisons, ``& | ^ ~``, unary ``-`` and ``abs``, the
-in-place ``+=`` ...) and indexing (``x[...]``). Each calls the class's ``__torch_function__``
+in-place ``+=`` ...) and indexing (``x[...]``, ``x[...] = v``). Each calls the class's
+``__torch_function__``
 with the matching ``torch.Tensor`` method, so it runs through the same registry entry as
 ``torch.<op>(x)``. The Tensor methods (``x.exp()``, ``x.sum(1)``, ``x.acos_()``, ...) are not
 listed here: the op registry (:mod:`nestbatch.ops.registry`) makes one with
@@ -29,6 +30,7 @@ from torch import Tensor
 # in Python (about 1 us on this path); batches are found before it.
 _OPERAND_TYPES = (Tensor, int, float, complex)
 _GETITEM = torch.Tensor.__getitem__  # the registry's key (bound at import: tools may patch it)
+_SETITEM = torch.Tensor.__setitem__
 
 
 def _call(func: Callable, self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -107,6 +109,11 @@ class TensorMethods:
     def __getitem__(self, index: Any) -> Any:
         """``x[index]``: see :mod:`nestbatch.ops.indexing` for the rules."""
         return _call(_GETITEM, self, index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``x[index] = value``: writes what ``x[index]`` reads (see
+        :mod:`nestbatch.ops.indexing`)."""
+        _call(_SETITEM, self, index, value)
 
 
 _BINARY = {

@@ -449,6 +449,8 @@ RECIPES: dict[str, Recipe] = {
     "scaled_dot_product_attention": lambda s, f: (lambda b: lambda: f(b, b, b))(s.batch()),
     "__getitem__": lambda s, f: (lambda b: lambda: f(b, (slice(None), slice(None, 2))))(
         s.batch()),
+    "__setitem__": lambda s, f: (lambda b: lambda: f(b, (slice(None), slice(None, 2)), 1.0))(
+        s.batch()),
 }
 
 #: Registered functions audited by another entry (the function is what the entry calls).

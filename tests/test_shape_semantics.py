@@ -250,3 +250,73 @@ def test_copy_passes_the_gradient_to_its_source():
         return target.copy_(nestbatch.NestedBatch.from_list(list(xs)) * 3).to_padded_tensor(0.0)
 
     assert torch.autograd.gradcheck(copied, samples)
+
+
+def _assign_each(samples: list[torch.Tensor], index, value) -> list[torch.Tensor]:
+    """torch's ``sample[index] = value`` on a copy of every sample."""
+    out = [s.clone() for s in samples]
+    for s in out:
+        s[index] = value
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_setitem_writes_what_getitem_reads_on_every_sample(layout, dtype):
+    samples = [s.to(dtype) for s in _samples(3, 0, 2, feature=(3,))]
+    one = torch.ones((), dtype=dtype)
+    batch = nestbatch.nested(samples).to(layout)
+    cases = [((slice(None), slice(1, None)), slice(1, None), 0),
+             ((Ellipsis, 1), (Ellipsis, 1), one),
+             ((slice(None), slice(None, -1), slice(0, 2)), (slice(None, -1), slice(0, 2)),
+              torch.zeros(2, dtype=dtype))]
+    expected = samples
+    for index, per_sample, value in cases:
+        batch[index] = value
+        expected = _assign_each(expected, per_sample, value)
+        _assert_samples(batch, expected)
+    batch[2] = torch.zeros(2, 3, dtype=dtype)  # one sample
+    expected[2] = torch.zeros(2, 3, dtype=dtype)
+    batch[0, 1] = one  # one row of one sample
+    expected[0][1] = one
+    batch[torch.tensor([2, 1])] = 1  # samples picked by an index tensor
+    expected[2] = torch.ones_like(expected[2])
+    _assert_samples(batch, expected)
+    assert torch.equal(batch.to_padded_tensor(0), nestbatch.nested(expected).to_padded_tensor(0))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_setitem_with_a_mask_batch_a_batch_value_and_a_moved_ragged_dim(layout):
+    samples = _samples(3, 0, 2, feature=(3,))
+    batch = nestbatch.nested(samples).to(layout)
+    batch[batch > 0] = 0.5
+    expected = [torch.where(s > 0, 0.5, s) for s in samples]
+    _assert_samples(batch, expected)
+    other = nestbatch.nested([10 * s for s in samples])
+    batch[:, :1] = other[:, :1]
+    expected = [torch.cat([o[:1], e[1:]]) if len(e) else e
+                for e, o in zip(expected, other.unbind())]
+    _assert_samples(batch, expected)
+    moved = batch.transpose(1, 2)  # (B, 3, j): logical positions
+    moved[:, 1] = -1.0
+    for e in expected:
+        e[:, 1] = -1.0
+    _assert_samples(batch, expected)
+    with pytest.raises(TypeError, match="torch.where"):
+        batch[batch > 0] = other
+    with pytest.raises(RuntimeError):
+        batch[:, 0] = 1.0  # an integer on the ragged dim: refused, as for reading
+
+
+def test_setitem_keeps_the_graph_and_refuses_a_leaf_as_torch():
+    values = [torch.randn(n, 2, dtype=torch.float64, requires_grad=True) for n in (3, 0, 2)]
+
+    def assigned(*xs):
+        target = nestbatch.nested([torch.zeros(len(x), 2, dtype=torch.float64) for x in xs])
+        target[:, 1:] = nestbatch.NestedBatch.from_list(list(xs))[:, 1:] * 2
+        return target.to_padded_tensor(0.0)
+
+    assert torch.autograd.gradcheck(assigned, values)
+    leaf = nestbatch.nested(values, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        leaf[:, 1:] = 1.0

@@ -10,6 +10,9 @@
 * an integer on a ragged dim is refused: the element may exist in some samples and not in others
   (TF refuses it for the same reason).
 
+``x[index] = value`` writes, in place, what ``x[index]`` reads (:func:`setitem`); a bool batch
+of the same samples as index is a mask there (``x[x.isnan()] = 0``).
+
 Positions are logical: when the ragged dim was moved (:attr:`~nestbatch.NestedBatch.ragged_dim`),
 the entry at its position slices it and the others index the stored feature dims; an integer on
 a feature dim before the ragged dim moves the ragged dim down by one.
@@ -25,10 +28,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, cached_layout, sample_of, with_ragged_dim
+from nestbatch.batch import (
+    NestedBatch,
+    after_stored_write,
+    cached_layout,
+    sample_of,
+    stored_layout,
+    with_ragged_dim,
+)
 from nestbatch.checks import check_batch_indices, read_device_values
 from nestbatch.conversions.packed_padded import packed_values_to_padded
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
+from nestbatch.ops.common import replace_storage
 from nestbatch.ops.registry import register
 
 
@@ -38,6 +49,56 @@ from nestbatch.ops.registry import register
           nested=True)
 def _getitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor | NestedBatch:
     return getitem(args[0], args[1])
+
+
+@register(torch.Tensor.__setitem__, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
+          moved_ragged=True, nested=True)
+def _setitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> None:
+    setitem(args[0], args[1], args[2])
+
+
+def setitem(batch: NestedBatch, index: Any, value: Any) -> None:
+    """``batch[index] = value``: writes, in place, the elements ``batch[index]`` reads, as
+    torch's assignment does on every sample.
+
+    ``value`` broadcasts against ``batch[index]`` as ``copy_`` broadcasts (a number, a tensor,
+    or a batch of the same samples as ``batch[index]``) and is cast to the batch's dtype. A bool
+    batch of the batch's samples as ``index`` is a mask: ``value`` must then be a number or a
+    one-element tensor (``masked_fill_``; per sample, torch would line a longer value up with
+    each sample's selected elements, which ``torch.where(mask, other, batch)`` says directly).
+
+    Every index ``batch[index]`` takes works; the elements are found by indexing a batch of
+    their positions in the packed rows the same way (one ``arange`` over the elements, and the
+    syncs ``batch[index]`` itself makes), then written with one ``index_put_``.
+    """
+    if isinstance(index, NestedBatch):
+        if index.dtype != torch.bool:
+            raise TypeError(f"a batch used as an index must be a bool mask, got {index.dtype}")
+        if isinstance(value, NestedBatch) or (isinstance(value, Tensor) and value.numel() != 1):
+            raise TypeError(
+                "batch[mask] = value takes a number or a one-element tensor as value; for "
+                "values from another batch, use torch.where(mask, other, batch)"
+            )
+        batch.masked_fill_(index, value)
+        return
+    stored = stored_layout(batch)
+    rows = batch.packed().values
+    positions = torch.arange(rows.numel(), device=rows.device).view(rows.shape)
+    chosen = getitem(batch.with_values(positions), index)
+    written = torch.empty_like(chosen, dtype=batch.dtype)
+    if isinstance(value, Tensor | NestedBatch):
+        written.copy_(value)
+    else:
+        written.fill_(value)
+    if isinstance(chosen, NestedBatch):
+        chosen, written = chosen.packed().values, written.packed().values
+    if isinstance(stored, Packed) and rows.is_contiguous():
+        rows.view(-1).index_put_((chosen.reshape(-1),), written.reshape(-1))
+        after_stored_write(batch)
+        return
+    rows = rows.clone(memory_format=torch.contiguous_format)
+    rows.view(-1).index_put_((chosen.reshape(-1),), written.reshape(-1))
+    replace_storage(batch, batch.with_values(rows))
 
 
 def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
