@@ -756,6 +756,22 @@ class NestedBatch(TensorMethods):
         return self.device.type == "cuda"
 
     @property
+    def is_cpu(self) -> bool:
+        """Whether the data is on the CPU."""
+        return self.device.type == "cpu"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element (``Tensor.itemsize``)."""
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the samples' elements, ``numel() * itemsize`` (padding not counted, as in
+        :meth:`numel`)."""
+        return self.numel() * self.dtype.itemsize
+
+    @property
     def lengths(self) -> Tensor:
         """``(B,)`` int64: elements of every sample along its (flattened) ragged dims."""
         return self._partition.lengths
@@ -865,7 +881,8 @@ class NestedBatch(TensorMethods):
                             padding_side=layout.padding_side)
             return NestedBatch(padded, rd)
         tensors = [fn(t) for t in layout.tensors]
-        dtype = tensors[0].dtype if tensors else layout.dtype
+        # (No sample to read the new dtype from: fn of an empty tensor of the old one tells it.)
+        dtype = (tensors[0] if tensors else fn(torch.empty(0, dtype=layout.dtype))).dtype
         listed = TensorList(tensors, layout.num_ragged_dims, feature_shape=layout.feature_shape,
                             dtype=dtype, partition=partition)
         return NestedBatch(listed, rd)
@@ -879,8 +896,17 @@ class NestedBatch(TensorMethods):
         if len(args) == 1 and not kwargs and isinstance(args[0], Layout):
             convert_to = {Layout.PACKED: self.packed, Layout.PADDED: self.padded}
             return NestedBatch(convert_to.get(args[0], self.tensor_list)(), self._ragged_dim)
-        probe = torch.empty(0, dtype=self.dtype, device=self.device).to(*args, **kwargs)
-        if probe.dtype == self.dtype and probe.device == self.device and not kwargs.get("copy"):
+        if args and isinstance(args[0], NestedBatch):  # to(other): its dtype and device
+            args = (args[0].device, args[0].dtype, *args[1:])
+        # copy=True, by keyword or in its place: after (dtype | tensor, non_blocking) or
+        # (device, dtype, non_blocking).
+        copy_at = 2 if args and isinstance(args[0], torch.dtype | Tensor) else 3
+        copy = kwargs.get("copy", len(args) > copy_at and args[copy_at])
+        # The probe's memory format is left alone: channels_last needs the data's rank.
+        probe = torch.empty(0, dtype=self.dtype, device=self.device).to(
+            *args, **{key: v for key, v in kwargs.items() if key != "memory_format"})
+        if probe.dtype == self.dtype and probe.device == self.device and not copy and \
+                kwargs.get("memory_format", torch.preserve_format) is torch.preserve_format:
             return self
         partition = self._partition.to(probe.device)
         keeps = probe.dtype == self.dtype
@@ -921,6 +947,29 @@ class NestedBatch(TensorMethods):
         not made by the registry: ``torch.compile`` cannot trace ``Tensor.unflatten`` (a Python
         method of torch's) as the function behind a method of a batch made inside a graph."""
         return torch.unflatten(self, dim, sizes)
+
+    def type(self, dtype: torch.dtype | str | None = None, non_blocking: bool = False
+             ) -> str | NestedBatch:
+        """``Tensor.type``: without ``dtype``, the type name of the stored tensors
+        (``"torch.FloatTensor"``); with a dtype or such a name, the batch in that dtype."""
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        if dtype is None:
+            return probe.type()
+        return self.to(probe.type(dtype).dtype, non_blocking=non_blocking)
+
+    def share_memory_(self) -> NestedBatch:
+        """Move the stored tensors to shared memory, in place (``Tensor.share_memory_``)."""
+        for tensor in self.stored():
+            tensor.share_memory_()
+        return self
+
+    def is_shared(self) -> bool:
+        """Whether every stored tensor is in shared memory (``Tensor.is_shared``)."""
+        return all(tensor.is_shared() for tensor in self.stored())
+
+    def adjoint(self) -> NestedBatch:
+        """The last two dims swapped and conjugated (``Tensor.adjoint``)."""
+        return self.transpose(-2, -1).conj()
 
     @property
     def mT(self) -> NestedBatch:

@@ -85,6 +85,9 @@ class TensorMethods:
     """Mixin: operators and Tensor methods of a batch, routed through the op registry."""
 
     __hash__ = object.__hash__
+    #: NumPy defers to the batch's operators (``np.float64(2) * batch`` is ``batch.__rmul__``)
+    #: instead of making an array of it.
+    __array_ufunc__ = None
 
     def __neg__(self) -> Any:
         return _call(torch.Tensor.neg, self)
@@ -106,6 +109,23 @@ class TensorMethods:
             "((a == b).all())"
         )
 
+    def __contains__(self, element: Any) -> bool:
+        """``element in x``: whether any element of the samples equals it, as a tensor's."""
+        if not isinstance(element, Tensor | Number | TensorMethods):
+            raise RuntimeError(
+                "Tensor.__contains__ only supports Tensor or scalar, but you passed in a "
+                f"{type(element)}."
+            )
+        return bool((self == element).any())
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: samples of several shapes make no one array (NumPy would make one of
+        objects, or, where the samples happen to agree, a dense one)."""
+        raise TypeError(
+            "a NestedBatch has no single NumPy array: use [t.numpy() for t in batch.unbind()], "
+            "or batch.to_padded_tensor(value).numpy()"
+        )
+
     def __getitem__(self, index: Any) -> Any:
         """``x[index]``: see :mod:`nestbatch.ops.indexing` for the rules."""
         return _call(_GETITEM, self, index)
@@ -119,7 +139,8 @@ class TensorMethods:
 _BINARY = {
     "add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "floor_divide",
     "mod": "remainder", "pow": "pow", "matmul": "matmul", "and": "bitwise_and",
-    "or": "bitwise_or", "xor": "bitwise_xor",
+    "or": "bitwise_or", "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
+    "rshift": "bitwise_right_shift",
 }
 _COMPARISONS = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 

@@ -225,6 +225,9 @@ NOT_AUDITED: dict[str, str] = {
     "nb.RaggedSize": "the size of a ragged dim in a shape: holds the partition, launches nothing "
     "(NestedBatch.shape is audited)",
     "nb.NestedSize": "a tuple of sizes: launches nothing (NestedBatch.shape is audited)",
+    "NestedBatch.share_memory_": "host shared memory, torch's own call on each stored tensor "
+    "(a no-op for CUDA tensors; a fake CUDA tensor's storage is a host one, which refuses it)",
+    "NestedBatch.is_shared": "torch's own query of each stored tensor: launches nothing",
 }
 
 
@@ -343,6 +346,13 @@ _UNARY_FLOAT = (
     "relu6", "elu", "selu", "celu", "leaky_relu", "gelu", "silu", "mish", "softplus",
     "softsign", "hardtanh", "hardswish", "hardsigmoid", "logsigmoid", "tanhshrink",
     "softshrink", "hardshrink", "rrelu", "dropout", "alpha_dropout", "feature_alpha_dropout",
+    # aliases and torch.special's elementwise functions
+    "arccos", "arcsin", "arctan", "arccosh", "arcsinh", "arctanh", "fix", "i0", "isreal",
+    "resolve_conj", "resolve_neg", "cfloat", "cdouble", "chalf", "expit", "ndtr", "ndtri",
+    "i0e", "i1", "i1e", "psi", "gammaln", "entr", "log_ndtr",
+    # facts of the stored tensors and the dtype (no op at all)
+    "nelement", "ndimension", "is_floating_point", "is_complex", "is_signed", "is_conj",
+    "is_neg", "is_inference", "get_device",
 )
 _BINARY_FLOAT = (
     "add", "sub", "subtract", "rsub", "mul", "multiply", "div", "divide", "true_divide",
@@ -354,6 +364,8 @@ _BINARY_FLOAT = (
     "__ge__", "__iadd__", "__isub__", "__imul__", "__idiv__", "__itruediv__", "__ifloordiv__",
     "__imod__", "__ipow__", "equal", "allclose",
 )
+_BINARY_INT = ("bitwise_left_shift", "bitwise_right_shift", "__lshift__", "__rshift__",
+               "__rlshift__", "__rrshift__")
 _BINARY_BOOL = ("bitwise_and", "bitwise_or", "bitwise_xor", "__and__", "__or__", "__xor__",
                 "__rand__", "__ror__", "__rxor__", "__iand__", "__ior__", "__ixor__")
 _REFLECTED = ("__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__rdiv__", "__rfloordiv__",
@@ -363,6 +375,11 @@ RECIPES: dict[str, Recipe] = {
     **{name: unary() for name in _UNARY_FLOAT},
     **{name: binary() for name in _BINARY_FLOAT},
     **{name: binary(dtype=torch.bool) for name in _BINARY_BOOL},
+    **{name: binary(dtype=torch.int64) for name in _BINARY_INT},
+    **{f"torch.{name}": unary(0.5, True)  # (torch's spellings: p and train positional)
+       for name in ("dropout", "alpha_dropout", "feature_alpha_dropout")},
+    "result_type": binary(),
+    "is_same_size": binary(),
     **{name: with_scalar(2.0) for name in _REFLECTED},
     "bitwise_not": unary(dtype=torch.bool),
     "__invert__": unary(dtype=torch.bool),
@@ -697,6 +714,11 @@ audit("NestedBatch.with_values", lambda s: (lambda b, v: lambda: b.with_values(v
     s.batch(), s.values()), device=True)
 audit("NestedBatch.mT", lambda s: (lambda b: lambda: b.mT)(s.batch(2, FEATURES // 2)),
       device=True)
+audit("NestedBatch.adjoint", _method("adjoint"), device=True)
+audit("NestedBatch.type", _method("type", torch.float64), device=True)
+audit("NestedBatch.nbytes", _attribute("nbytes"))  # (numel's total: read once from a device)
+for _name in ("is_cpu", "itemsize"):
+    audit(f"NestedBatch.{_name}", _attribute(_name), device=True)
 audit("NestedBatch.__len__", lambda s: (lambda b: lambda: len(b))(s.batch()), device=True)
 audit("NestedBatch.__iter__", lambda s: (lambda b: lambda: list(b))(s.batch()), device=True)
 audit("NestedBatch.__repr__", lambda s: (lambda b: lambda: repr(b))(s.batch()), device=True)

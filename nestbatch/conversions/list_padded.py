@@ -41,7 +41,8 @@ def list_to_padded(
         and partition.num_ragged_dims == 1
         and partition.batch_size > 0
         and partition.device.type == "cpu"
-        and float(padding_value) == padding_value  # (pad_sequence takes a double)
+        and type(padding_value) is not complex  # (pad_sequence takes a double)
+        and float(padding_value) == padding_value
         and not _packed_route_pays(tensor_list)
     ):
         # pad_sequence's C++ function: its Python wrapper only checks and tuples the argument

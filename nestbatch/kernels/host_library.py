@@ -158,8 +158,8 @@ def held_exactly(filler: Number, dtype: torch.dtype) -> bool:
 def _pattern(like: Tensor, filler: Number) -> Tensor | None:
     """One row (``like.shape[2:]``) of ``filler`` in ``like``'s dtype, or ``None`` where the
     filler is all-zero bytes (a memset)."""
-    if filler == 0 and math.copysign(1.0, filler) > 0:
-        return None  # (-0.0 is not all-zero bytes)
+    if filler == 0 and type(filler) is not complex and math.copysign(1.0, filler) > 0:
+        return None  # (-0.0 is not all-zero bytes; a complex zero's parts may be -0.0)
     return like.new_full(like.shape[2:], filler)
 
 
@@ -249,7 +249,8 @@ def packed_to_padded(values: Tensor, offsets: Tensor, width: int, filler: Number
         if result is None:
             return None
     # (_pattern's zero test, inline for the default filler)
-    pattern = None if filler == 0 and math.copysign(1.0, filler) > 0 else _pattern(result, filler)
+    pattern = None if filler == 0 and type(filler) is not complex and \
+        math.copysign(1.0, filler) > 0 else _pattern(result, filler)
     code = module.packed_to_padded(
         index_bytes, values.data_ptr(), total, offsets.data_ptr(), batch, width,
         row_bytes, None if pattern is None else pattern.data_ptr(), result.data_ptr())

@@ -17,7 +17,6 @@ compute the result out of place and write it into the batch's stored layout (see
 
 from __future__ import annotations
 
-from numbers import Number
 from typing import Any
 
 import torch
@@ -51,7 +50,14 @@ UNARY = (
     "round", "trunc", "frac", "relu", "isnan", "isinf", "isfinite", "isneginf", "isposinf",
     "nan_to_num", "logit", "lgamma", "digamma", "deg2rad", "rad2deg", "sinc", "conj", "real",
     "imag", "angle", "clamp", "clip", "clamp_min", "clamp_max", "float", "double", "half",
-    "bfloat16", "long", "int", "short", "char", "byte", "bool",
+    "bfloat16", "long", "int", "short", "char", "byte", "bool", "arccos", "arcsin", "arctan",
+    "arccosh", "arcsinh", "arctanh", "fix", "i0", "isreal", "resolve_conj", "resolve_neg",
+    "cfloat", "cdouble", "chalf",
+)
+#: ``torch.special``'s elementwise functions of one tensor (aliases and kin of the above).
+SPECIAL_UNARY = (
+    "expit", "erf", "erfc", "erfinv", "exp2", "expm1", "log1p", "round", "ndtr", "ndtri", "i0",
+    "i0e", "i1", "i1e", "digamma", "psi", "gammaln", "sinc", "logit", "entr", "log_ndtr",
 )
 BINARY = (
     "add", "sub", "subtract", "rsub", "mul", "multiply", "div", "divide", "true_divide",
@@ -59,12 +65,14 @@ BINARY = (
     "maximum", "minimum", "fmax", "fmin", "copysign", "xlogy", "heaviside", "eq", "ne", "lt",
     "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal", "not_equal", "isclose",
     "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
-    "lerp", "addcmul", "addcdiv", "where", "masked_fill",
+    "lerp", "addcmul", "addcdiv", "where", "masked_fill", "bitwise_left_shift",
+    "bitwise_right_shift",
 )
 DUNDERS = (
     "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
     "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
     "__rpow__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__and__",
+    "__lshift__", "__rshift__", "__rlshift__", "__rrshift__",
     "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__neg__", "__abs__", "__invert__",
 )
 INPLACE_DUNDERS = (
@@ -83,9 +91,8 @@ def elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batches = nested_arguments(args, kwargs)
     ref = batches[0]
     others = [a for a in (*args, *kwargs.values()) if a is not ref]
-    if args and isinstance(args[0], Number):
-        # torch.sub(3, x) reaches us with a Python number first; torch's ops want a tensor there.
-        args = (torch.as_tensor(args[0]), *args[1:])
+    # (A Python number first, torch.sub(3, x), is handed to torch as it is: a tensor made of
+    # it would round it to the default dtype and promote as a 0-d tensor, not as a number.)
     dense = [o for o in others if is_batch(o) or (isinstance(o, Tensor) and o.dim() > 0)]
     if layout is Layout.PADDED and not dense and not _divides_integers(func, ref):
         padded = ref.padded(None)
@@ -125,8 +132,6 @@ def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, li
     the same feature dims, beside scalars only (no keyword tensors). Returns the first batch
     and the arguments with every batch replaced by its packed values; None otherwise (the
     general path then broadcasts and checks)."""
-    if args and not isinstance(args[0], NestedBatch) and isinstance(args[0], Number):
-        return None  # torch.sub(3, x): the general path makes the number a tensor
     ref = None
     values = []
     for a in args:
@@ -149,6 +154,7 @@ def _same_structure_operands(args: tuple, kwargs: dict) -> tuple[NestedBatch, li
 
 
 @register(*torch_funcs(*UNARY, *BINARY), *(getattr(torch.Tensor, d) for d in DUNDERS),
+          *(getattr(torch.special, name) for name in SPECIAL_UNARY),
           layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True, nested=True)
 def _elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if func is torch.where and len(args) + len(kwargs) == 1:
@@ -263,7 +269,10 @@ def _like(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if layout is Layout.PADDED:
         padded = batch.padded(None)
         out = func(padded.data, *args[1:], **kwargs)
-        return wrap_padded(out, padded.partition, batch.ragged_dim)
+        partition = padded.partition  # (moved along where device= moved the data)
+        if out.device != padded.data.device:
+            partition = partition.to(out.device)
+        return wrap_padded(out, partition, batch.ragged_dim)
     return batch.with_values(func(batch.packed().values, *args[1:], **kwargs))
 
 

@@ -35,7 +35,13 @@ _ACTIVATIONS = (
 )
 
 
-@register(*(getattr(F, name) for name in _ACTIVATIONS), layouts=(Layout.PACKED,),
+#: The ``torch.*`` spellings of activations (without ``F``'s ``inplace`` argument).
+_TORCH_ACTIVATIONS = ("celu", "selu", "threshold", "rrelu", "dropout", "alpha_dropout",
+                      "feature_alpha_dropout")
+
+
+@register(*(getattr(F, name) for name in _ACTIVATIONS),
+          *(getattr(torch, name) for name in _TORCH_ACTIVATIONS), layouts=(Layout.PACKED,),
           moved_ragged=True)
 def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """Activations and dropout: ``func`` of the packed values (``inplace`` honoured)."""

@@ -580,16 +580,48 @@ def _expand_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         source, size, "expand_as")))
 
 
-@register(*torch_funcs("numel", "element_size", "is_contiguous"),
+@register(*torch_funcs("numel", "nelement", "element_size", "is_contiguous", "ndimension",
+                       "is_floating_point", "is_complex", "is_signed", "is_conj", "is_neg",
+                       "is_inference", "get_device"),
           layouts=(Layout.PACKED, Layout.PADDED, Layout.LIST), moved_ragged=True, nested=True)
 def _storage_facts(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``numel()`` (the samples' elements: padding not counted; reads the total from the device
-    once when only the device has it), ``element_size()``, ``is_contiguous()`` (of the stored
-    tensors)."""
+    """``numel()`` / ``nelement()`` (the samples' elements: padding not counted; reads the
+    total from the device once when only the device has it), ``element_size()``,
+    ``ndimension()``, ``is_contiguous()`` / ``is_conj()`` / ``is_neg()`` /
+    ``is_inference()`` (of the stored tensors, all of them), the dtype's kind
+    (``is_floating_point()``, ``is_complex()``, ``is_signed()``) and ``get_device()``."""
     batch = args[0]
     name = func.__name__
-    if name == "numel":
+    if name in ("numel", "nelement"):
         return batch.partition.total * math.prod(batch.feature_shape)
     if name == "element_size":
         return batch.dtype.itemsize
-    return all(t.is_contiguous(*args[1:], **kwargs) for t in batch.stored())
+    if name == "ndimension":
+        return batch.dim()
+    if name in ("is_floating_point", "is_complex", "is_signed", "get_device"):
+        return getattr(torch.empty(0, dtype=batch.dtype, device=batch.device), name)()
+    stored = batch.stored()
+    return all(getattr(t, name)(*args[1:], **kwargs) for t in stored)
+
+
+@register(torch.result_type, torch.is_same_size, torch.Tensor.is_same_size,
+          layouts=(Layout.PACKED, Layout.PADDED, Layout.LIST), moved_ragged=True, nested=True)
+def _of_two(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.result_type(a, b)`` (a batch stands for a tensor of its dtype, not a 0-d one)
+    and ``is_same_size`` (the same logical shape: the same samples' shapes, and the ragged dim
+    in the same place)."""
+    first, second = args[0], args[1] if len(args) > 1 else next(iter(kwargs.values()))
+    if func is torch.result_type:
+        def operand(x: Any) -> Any:
+            return torch.empty(1, dtype=x.dtype, device=x.device) if is_batch(x) else x
+        return torch.result_type(operand(first), operand(second))
+    if not (is_batch(first) and is_batch(second)):
+        return False  # (torch.nested refuses a dense operand; a dense tensor has no ragged dim)
+    if first.ragged_dim != second.ragged_dim or first.dim() != second.dim() or \
+            first.feature_shape != second.feature_shape:
+        return False
+    try:
+        check_same_structure(first, second)
+    except ValueError:
+        return False
+    return True
