@@ -628,7 +628,9 @@ class NestedBatch(TensorMethods):
         if packed is not None and current is not Layout.PACKED and (
                 not isinstance(primary, Padded)
                 or _base_of(packed.values) is not _base_of(primary.data)):
-            with torch.no_grad():  # (a conversion cached without a graph)
+            # Recorded where the write was (an operand needing a gradient): views of the rows
+            # hold the graph of the values they show, as views of a tensor written in place.
+            with torch.set_grad_enabled(_needs_gradient(primary)):
                 packed.values.copy_(convert.to_packed(primary).values)
         for key, layout in kept.items():  # (not kept where autograd recorded the write)
             self._keep(key, layout)
@@ -637,7 +639,9 @@ class NestedBatch(TensorMethods):
         """Copy the values of a cached ``layout`` into the stored tensors, in place (the
         padding of a stored padded tensor is kept)."""
         primary = self._primary
-        with torch.no_grad():
+        # Recorded where the written layout has a graph (it was written with an operand that
+        # needs a gradient): the stored tensor then holds it, as a base written through a view.
+        with torch.set_grad_enabled(_needs_gradient(layout)):
             if isinstance(primary, Padded):
                 rows = layout.values if type(layout) is Packed else convert.to_packed(layout).values
                 mask = primary.mask
@@ -1038,6 +1042,30 @@ class NestedBatch(TensorMethods):
             return None
         return self.with_stored(grads)
 
+    @grad.setter
+    def grad(self, gradient: NestedBatch | None) -> None:
+        """``b.grad = None`` clears the stored tensors' gradients (``zero_grad(set_to_none)``);
+        a batch of the same samples sets them, laid out as this batch is stored."""
+        stored = self.stored()
+        if gradient is None:
+            for tensor in stored:
+                tensor.grad = None
+            return
+        if not isinstance(gradient, NestedBatch):
+            raise TypeError(f"grad must be None or a NestedBatch, got {type(gradient).__name__}")
+        if gradient.shape != self.shape:
+            raise ValueError(f"grad must have the batch's shape {self.shape}, got "
+                             f"{gradient.shape}")
+        primary = self._primary
+        if isinstance(primary, Padded):
+            grads = (gradient.padded(0.0, tuple(primary.padded_shape),
+                                     padding_side=primary.padding_side).data,)
+        else:
+            grads = _stored_tensors(gradient.packed() if isinstance(primary, Packed)
+                                    else gradient.tensor_list())
+        for tensor, grad in zip(stored, grads):
+            tensor.grad = grad
+
     def backward(
         self, gradient: NestedBatch | None = None, retain_graph: bool | None = None,
         create_graph: bool = False, inputs: Sequence[Tensor | NestedBatch] | None = None,
@@ -1206,6 +1234,11 @@ def _stored_tensors(layout: RaggedLayout) -> tuple[Tensor, ...]:
     if isinstance(layout, Padded):
         return (layout.data,)
     return tuple(layout.tensors)
+
+
+def _needs_gradient(layout: RaggedLayout) -> bool:
+    """Whether a tensor ``layout`` stores needs a gradient."""
+    return any(t.requires_grad for t in _stored_tensors(layout))
 
 
 def _base_of(tensor: Tensor) -> Tensor:

@@ -29,21 +29,21 @@ def test_materialized_layout_is_used():
 def test_register_and_choose():
     seen = []
 
-    @registry.register(torch.special.entr, layouts=(Layout.PACKED, Layout.PADDED),
+    @registry.register(torch.special.erfcx, layouts=(Layout.PACKED, Layout.PADDED),
                        prefer=Layout.PADDED)
-    def _entr(layout, func, args, kwargs):
+    def _erfcx(layout, func, args, kwargs):
         seen.append(layout)
         return args[0].map_values(func)
 
     try:
         x = nestbatch.nested([torch.ones(2)])
-        torch.special.entr(x)
+        torch.special.erfcx(x)
         assert seen == [Layout.PACKED]
-        torch.special.entr(nestbatch.nested([torch.ones(2)], layout=Layout.LIST))
+        torch.special.erfcx(nestbatch.nested([torch.ones(2)], layout=Layout.LIST))
         assert seen[-1] is Layout.PADDED
-        assert torch.special.entr in registry.registered_functions()
+        assert torch.special.erfcx in registry.registered_functions()
     finally:
-        registry._REGISTRY.pop(torch.special.entr)
+        registry._REGISTRY.pop(torch.special.erfcx)
     with pytest.raises(ValueError, match="prefer"):
         registry.register(torch.exp, layouts=(Layout.PACKED,), prefer=Layout.PADDED)
 

@@ -38,6 +38,7 @@ from nestbatch.batch import (
 )
 from nestbatch.checks import check_batch_indices, read_device_values
 from nestbatch.conversions.packed_padded import packed_values_to_padded
+from nestbatch.kernels import torch_impl
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
 from nestbatch.ops.common import replace_storage
 from nestbatch.ops.registry import register
@@ -439,7 +440,14 @@ def _slice_prefix_on_device(batch: NestedBatch, s: slice) -> Padded:
         data = batch.padded(0.0, max_shape=None).data
     else:
         packed = batch.packed()
-        data = packed_values_to_padded(packed.values, packed.partition, (width,), 0.0)
+        if packed.values.requires_grad and torch.is_grad_enabled():
+            # The operator's backward reads every row of every sample back, and the rows of a
+            # cut sample past the width are not in the gradient: plain torch ops, whose
+            # autograd differentiates the cut.
+            data = torch_impl.packed_to_padded(packed.values, packed.partition.offsets, width,
+                                               0.0)
+        else:
+            data = packed_values_to_padded(packed.values, packed.partition, (width,), 0.0)
     return Padded(data, partition=new, padding_value=0.0)
 
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, moved_ragged_error
-from nestbatch.layouts import Layout
+from nestbatch.batch import NestedBatch, after_stored_write, moved_ragged_error, stored_layout
+from nestbatch.layouts import Layout, Packed
 from nestbatch.ops.common import dim_kind, feature_values_dim, replace_storage, values_dim
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
@@ -40,21 +40,42 @@ _TORCH_ACTIVATIONS = ("celu", "selu", "threshold", "rrelu", "dropout", "alpha_dr
                       "feature_alpha_dropout")
 
 
+#: ``F``'s in-place spellings, each with the function it is with ``inplace=True``.
+_INPLACE_SPELLINGS = {F.relu_: F.relu, F.elu_: F.elu, F.leaky_relu_: F.leaky_relu,
+                      F.hardtanh_: F.hardtanh, F.threshold_: F.threshold, F.rrelu_: F.rrelu,
+                      F.celu_: F.celu, F.selu_: F.selu}
+
+
 @register(*(getattr(F, name) for name in _ACTIVATIONS),
-          *(getattr(torch, name) for name in _TORCH_ACTIVATIONS), layouts=(Layout.PACKED,),
-          moved_ragged=True)
+          *(getattr(torch, name) for name in _TORCH_ACTIVATIONS), *_INPLACE_SPELLINGS,
+          layouts=(Layout.PACKED,), moved_ragged=True)
 def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """Activations and dropout: ``func`` of the packed values (``inplace`` honoured)."""
+    """Activations and dropout: ``func`` of the packed values (``inplace`` honoured: torch's
+    in-place kernel on stored packed rows, else the result written into the stored layout)."""
     batch = args[0]
     inplace = bool(kwargs.pop("inplace", False))
+    if func in _INPLACE_SPELLINGS:
+        func, inplace = _INPLACE_SPELLINGS[func], True
     if func in (F.dropout, F.alpha_dropout, F.feature_alpha_dropout) and len(args) > 3:
         inplace, args = bool(args[3]), args[:3]
     elif func in (F.relu, F.relu6, F.selu, F.silu, F.mish, F.hardswish, F.hardsigmoid,
                   F.elu, F.celu, F.leaky_relu, F.hardtanh, F.threshold) and \
             len(args) > 1 and isinstance(args[-1], bool):
         inplace, args = args[-1], args[:-1]
-    result = batch.with_values(func(batch.values, *args[1:], **kwargs))
-    return replace_storage(batch, result) if inplace else result
+    if not inplace:
+        return batch.with_values(func(batch.values, *args[1:], **kwargs))
+    stored = stored_layout(batch)
+    if isinstance(stored, Packed):
+        # torch's in-place kernel on the stored rows: its autograd keeps what its backward
+        # needs (an out-of-place result copied over its own input would invalidate that input,
+        # which the backward of silu, elu, ... reads).
+        func(stored.values, *args[1:], inplace=True, **kwargs)
+        after_stored_write(batch)
+        return batch
+    # Computed on a copy of the rows (the cached rows are rewritten by the write below, and the
+    # op's backward may read its input), then written into the stored layout.
+    result = batch.with_values(func(batch.values.clone(), *args[1:], **kwargs))
+    return replace_storage(batch, result)
 
 
 @register(F.prelu, layouts=(Layout.PACKED,), moved_ragged=True)

@@ -231,6 +231,14 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
         return entry.impl(layout, func, args, kwargs)
     except (ValueError, TypeError, IndexError) as error:
         raise converted(error) from error.__cause__
+    except AttributeError as error:
+        if args and not isinstance(args[0], NestedBatch):
+            # An implementation reads its input, the first argument, as a batch.
+            raise converted(TypeError(
+                f"{_display_name(func)} takes a NestedBatch as its input (the first argument) "
+                f"only; got {type(args[0]).__name__} there and a batch in another argument"
+            )) from error
+        raise
 
 
 plug_dispatcher(dispatch)

@@ -1,0 +1,107 @@
+"""Gradients where a batch is written in place, cut, or handed to in-place activations, against
+per-sample torch (float64); found by an audit of the batch's autograd semantics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nestbatch import Layout, NestedBatch
+
+D = torch.float64
+LAYOUTS = (Layout.PACKED, Layout.PADDED, Layout.LIST)
+
+
+def _samples() -> list[torch.Tensor]:
+    return [torch.tensor([[1.0, 2], [3, 4], [5, 6]], dtype=D), torch.tensor([[7.0, 8]], dtype=D)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_view_made_before_a_differentiable_write_carries_its_graph(layout):
+    # The view's rows are rewritten from the stored layout: with the write's graph.
+    weight = torch.tensor([2.0, 3.0], dtype=D, requires_grad=True)
+    batch = NestedBatch.from_list(_samples()).to(layout)
+    column = batch[..., 0]
+    batch.mul_(weight)
+    (column * 1).sum(1).sum().backward()
+    expected = torch.tensor([1.0 + 3 + 5 + 7, 0.0], dtype=D)  # d/dw of sum(x[:, 0] * w[0])
+    assert torch.equal(weight.grad, expected)
+
+
+@pytest.mark.parametrize("make", [
+    lambda xs: NestedBatch.from_offsets(torch.cat(xs), torch.tensor([0, 3, 4])),
+    lambda xs: NestedBatch.from_list(xs),
+])
+def test_a_write_into_a_converted_layout_reaches_the_batch_with_its_graph(make):
+    weight = torch.tensor([2.0, 3.0], dtype=D, requires_grad=True)
+    batch = make(_samples())
+    batch.padded().data.mul_(weight)  # (copied back into the stored layout at the next read)
+    (batch.packed().values.sum(0) * 1).sum().backward()
+    assert torch.equal(weight.grad, torch.tensor([16.0, 20.0], dtype=D))
+
+
+def test_backward_through_a_prefix_slice_of_device_offsets_is_torchs():
+    rows = torch.randn(9, 4, dtype=D, requires_grad=True)
+    offsets = torch.tensor([0, 3, 4, 9])  # (a tensor: sizes are not read on the host)
+
+    def sliced(values):
+        return NestedBatch.from_offsets(values, offsets)[:, :2].sum(1)
+
+    def per_sample(values):
+        return torch.stack([values[a:b][:2].sum(0) for a, b in ((0, 3), (3, 4), (4, 9))])
+
+    assert torch.equal(sliced(rows), per_sample(rows))
+    assert torch.autograd.gradcheck(sliced, (rows,))
+
+
+@pytest.mark.parametrize("activation", [
+    lambda t: F.silu(t, inplace=True), F.elu_, F.relu_, lambda t: F.leaky_relu(t, 0.1, True),
+    F.hardtanh_, lambda t: F.mish(t, inplace=True), F.selu_, F.celu_,
+    lambda t: F.threshold_(t, 0.1, -1.0), nn.ELU(inplace=True), nn.Hardswish(inplace=True),
+])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_in_place_activations_backpropagate_as_torchs(activation, layout):
+    torch.manual_seed(0)
+    linear = nn.Linear(2, 2).double()
+    samples = _samples()
+    for s in samples:
+        activation(linear(s)).pow(2).sum().backward()
+    expected = linear.weight.grad.clone()
+    linear.zero_grad()
+    batch = NestedBatch.from_list(samples).to(layout)
+    out = activation(linear(batch))
+    out.pow(2).sum(1).sum().backward()
+    torch.testing.assert_close(linear.weight.grad, expected)
+
+
+def test_grad_can_be_cleared_and_set():
+    batch = NestedBatch.from_list(_samples()).requires_grad_()
+    (batch * 2).sum(1).sum().backward()
+    assert batch.grad is not None
+    batch.grad = None
+    assert batch.grad is None
+    batch.grad = torch.ones_like(batch) * 3
+    assert torch.equal(batch.grad.to_padded_tensor(0.0),
+                       (torch.ones_like(batch) * 3).to_padded_tensor(0.0))
+    with pytest.raises(TypeError):
+        batch.grad = torch.zeros(2)
+
+
+def test_a_batch_in_another_argument_than_the_input_is_refused_clearly():
+    batch = NestedBatch.from_list(_samples())
+    for call in (lambda: F.linear(torch.randn(2, 2, dtype=D), batch),
+                 lambda: F.embedding(torch.tensor([0]), batch),
+                 lambda: F.layer_norm(torch.randn(2, 2, dtype=D), (2,), batch)):
+        with pytest.raises(TypeError, match="as its input"):
+            call()
+
+
+def test_a_leading_python_number_keeps_its_precision():
+    batch = NestedBatch.from_list(_samples())
+    for func in (torch.add, torch.sub, torch.mul, torch.div, torch.pow, torch.float_power,
+                 torch.remainder, torch.xlogy):
+        got = func(0.1, batch).unbind()
+        assert all(torch.equal(g, func(0.1, s)) for g, s in zip(got, _samples())), func
+    assert torch.equal(torch.pow(3.4e39, batch).values, torch.pow(3.4e39, batch.values))
