@@ -81,7 +81,7 @@ from torch import Tensor
 
 import nestbatch as nb
 from nestbatch import Layout, NestedBatch
-from nestbatch.ops.elementwise import BINARY, DUNDERS, INPLACE_DUNDERS, UNARY
+from nestbatch.ops.elementwise import BINARY, DUNDERS, INPLACE_DUNDERS, SPECIAL_UNARY, UNARY
 from nestbatch.ops.registry import lookup, registered_functions
 
 #: On every fuzz test: the examples are large by design (the thorough profile keeps the health
@@ -360,7 +360,10 @@ def ulp(e: Tensor, dtype: torch.dtype) -> Tensor:
 def match_mask(actual: Tensor, expected: Tensor, *, ulps: float = 0, scale: Tensor | None = None
                ) -> Tensor:
     """Elementwise: equal (NaN == NaN, zeros of either sign), or for finite floats within
-    ``ulps`` ulps of ``expected`` (or of ``scale``)."""
+    ``ulps`` ulps of ``expected`` (or of ``scale``); complex: both parts so."""
+    if expected.dtype.is_complex:
+        return (match_mask(actual.real, expected.real, ulps=ulps)
+                & match_mask(actual.imag, expected.imag, ulps=ulps))
     if not expected.dtype.is_floating_point:
         return actual == expected
     a, e = actual.double(), expected.double()
@@ -1088,8 +1091,8 @@ def test_unary_elementwise(data: st.DataObject) -> None:
     method where torch has no function), against the op on each sample."""
     case = data.draw(cases(), label="case")
     fails = Failures(case)
-    for name in UNARY:
-        func = torch_function(name)
+    for name, func in (*((n, torch_function(n)) for n in UNARY),
+                       *((f"special.{n}", getattr(torch.special, n)) for n in SPECIAL_UNARY)):
         args, kwargs = _UNARY_ARGS.get(name, ((), {}))
 
         def sample_fn(i: int, samples: list[Tensor], _: Any, func=func, args=args, kwargs=kwargs
@@ -1283,6 +1286,8 @@ def test_inplace_elementwise(data: st.DataObject) -> None:
         calls.append((symbol, name, lambda x, y, c, func=func: func(x, y)))
     calls.append(("zero_", "zero", lambda x, y, c: x.zero_()))
     calls.append((f"fill_({fill})", "fill", lambda x, y, c: x.fill_(fill)))
+    calls.append(("copy_", "copy", lambda x, y, c: x.copy_(y) if isinstance(y, Tensor | NestedBatch)
+                  else x.fill_(y)))
     for op, name, call in calls:
         def sample_fn(i: int, samples: list[Tensor], others: list[Tensor], call=call,
                       op=op) -> Any:
@@ -1634,7 +1639,7 @@ FUZZED = (
     | set(UNARY) | set(BINARY) | {name + "_" for name in (*UNARY, *BINARY)}
     | set(DUNDERS) | set(INPLACE_DUNDERS) | {"__idiv__", "__rdiv__"}
     | {"__getitem__", "select", "unbind", "clone", "detach", "contiguous", "equal", "allclose"}
-    | {"zero_", "fill_"}
+    | {"zero_", "fill_", "copy_"} | {f"special_{name}" for name in SPECIAL_UNARY}
 )
 
 

@@ -9,6 +9,7 @@ level of a nested batch reduces in :mod:`nestbatch.ops.levels`.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -85,7 +86,9 @@ def _ragged_packed(batch: NestedBatch, name: str, values: Tensor, correction: fl
         return segment_reduce((values == 0).to(torch.int64), batch, "sum") == 0
     if name == "logsumexp":
         # Shift by the sample's maximum for a stable exp; 0 where it is not finite or empty.
-        peak = segment_reduce(values.detach(), batch, "amax")
+        detached = values.detach()  # (complex values: shifted by their real parts' maximum)
+        peak = segment_reduce(detached.real if detached.is_complex() else detached, batch,
+                              "amax")
         bad = ~torch.isfinite(peak) | (_lengths_like(batch, peak) == 0)
         shift = torch.where(bad, torch.zeros_like(peak), peak)
         total = segment_reduce((values - shift[batch.row_ids]).exp(), batch, "sum")
@@ -205,6 +208,7 @@ _ACCUMULATING = frozenset({"sum", "mean", "prod", "logsumexp", "var", "std"})
 def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] | None,
            keepdim: bool, dtype: Any = None, correction: float = 1) -> Any:
     """Reduce ``batch`` over ``dims`` with the reduction ``name`` (see the module docstring)."""
+    asked = dtype
     func = getattr(torch, name)
     extra = {"correction": correction} if name in ("var", "std") else {}
     if dtype is not None:
@@ -267,6 +271,8 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
         out = out.to(result_dtype)
     if name in ("any", "all") and batch.dtype == torch.uint8:
         out = out.to(torch.uint8)  # (torch's any / all of uint8 are uint8; of others bool)
+    if asked is not None and out.dtype != asked:
+        out = out.to(asked)  # (integer rows are summed in int64: the same bits, wrapped)
     if keepdim:
         k = batch.num_ragged_dims
         if k == 1:
@@ -393,18 +399,31 @@ def _segment_fast_path(func: Any, args: tuple, kwargs: dict) -> Any:
     return segment_reduce(packed.values, batch, name)
 
 
+#: The reductions whose ``dtype=`` is the dtype the input is cast to first (torch's rule).
+_TAKE_DTYPE = frozenset({"sum", "nansum", "mean", "prod"})
+
+
 @register(*torch_funcs(*_NAMES), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
           moved_ragged=True, fast=_segment_fast_path, nested=True)
 def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out", None)
+    dtype = kwargs.get("dtype")
+    if dtype is None and out is not None and func.__name__ in _TAKE_DTYPE:
+        dtype = out.dtype  # (torch computes such a reduction in its out tensor's dtype)
+    if dtype is not None and dtype != batch.dtype:
+        batch = batch.to(dtype)  # torch casts the input first (sum(x, dtype=int8) wraps)
     name = "sum" if func.__name__ == "nansum" else func.__name__
-    if func.__name__ == "nansum" and (batch.dtype.is_floating_point or batch.dtype.is_complex):
+    if func.__name__ == "nansum" and batch.dtype.is_complex:
+        raise RuntimeError("nansum does not support complex inputs")
+    if func.__name__ == "nansum" and batch.dtype.is_floating_point:
         # NaN counts as 0; infinities stay (nan_to_num would make them the dtype's extremes).
         values = batch.packed().values
         batch = batch.with_values(values.masked_fill(values.isnan(), 0))
     dims = _dims(batch, _arg(args, kwargs, 1, "dim", kwargs.get("axis")))
     keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
-    return reduce(layout, batch, name, dims, keepdim, kwargs.get("dtype"))
+    return write_out(reduce(layout, batch, name, dims, keepdim, dtype), out, func.__name__)
 
 
 @register(*torch_funcs("var", "std"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
@@ -415,7 +434,47 @@ def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     unbiased = _arg(args, kwargs, 2, "unbiased")
     correction = kwargs.get("correction", 0 if unbiased is False else 1)
     keepdim = bool(_arg(args, kwargs, 3, "keepdim", False))
-    return reduce(layout, batch, func.__name__, dims, keepdim, correction=correction)
+    result = reduce(layout, batch, func.__name__, dims, keepdim, correction=correction)
+    return write_out(result, kwargs.get("out"), func.__name__)
+
+
+def write_out(result: Any, out: Any, name: str) -> Any:
+    """``result``, written into ``out`` when given (a tensor, or a pair for ``max`` / ``min``
+    with a dim), as torch's ``out=``: resized to the result's shape (with torch's warning when
+    it held elements), the result cast to its dtype where torch casts, and returned.
+
+    Raises
+    ------
+    TypeError
+        For a ragged result (a batch): no tensor holds it.
+    RuntimeError
+        Where torch raises: a result dtype that cannot be cast to ``out``'s, or a result autograd
+        records (``out=`` is not differentiable).
+    """
+    if out is None:
+        return result
+    if isinstance(result, tuple):
+        if not isinstance(out, tuple | list) or len(out) != len(result):
+            raise TypeError(f"{name}: out must be a tuple of {len(result)} tensors")
+        return type(result)(write_out(r, o, name) for r, o in zip(result, out))
+    if isinstance(result, NestedBatch):
+        raise TypeError(f"{name}: out= cannot hold a ragged result (a NestedBatch); use the "
+                        "returned batch")
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{name}: out must be a Tensor, got {type(out).__name__}")
+    if result.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad.")
+    if not torch.can_cast(result.dtype, out.dtype):
+        raise RuntimeError(f"result type {result.dtype} can't be cast to the desired output "
+                           f"type {out.dtype}")
+    if out.shape != result.shape:
+        if out.numel():
+            warnings.warn(f"An output with one or more elements was resized since it had shape "
+                          f"{list(out.shape)}, which does not match the required output shape "
+                          f"{list(result.shape)}.", UserWarning, stacklevel=3)
+        out.resize_(result.shape)
+    return out.copy_(result)
 
 
 @register(*torch_funcs("max", "min"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
@@ -423,6 +482,10 @@ def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``max(x)``: a 0-d tensor; ``max(x, dim)``: ``(values, indices)``; ``max(x, y)``: maximum."""
     batch = args[0]
+    if kwargs.get("out") is not None:
+        out = kwargs["out"]
+        kept = {key: v for key, v in kwargs.items() if key != "out"}
+        return write_out(_max_min(layout, func, args, kept), out, func.__name__)
     other = _arg(args, kwargs, 1, "dim", kwargs.get("other"))
     name = func.__name__
     if other is None:
@@ -483,6 +546,9 @@ def _log_softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _softmax_call(layout: Layout, args: tuple, kwargs: dict, *, log: bool) -> Any:
     batch = args[0]
+    if kwargs.get("out") is not None:
+        raise TypeError("softmax: out= cannot hold a ragged result (a NestedBatch); use the "
+                        "returned batch")
     dim = _arg(args, kwargs, 1, "dim")
     if dim is None:
         raise ValueError("softmax on a NestedBatch needs an explicit dim")

@@ -180,6 +180,8 @@ def fill_empty(out: Tensor, partition: RowPartition, reduce: str) -> Tensor:
     fill = _EMPTY.get(reduce)
     if fill is None:
         fill = fill_value_for(out.dtype, "lowest" if reduce == "amax" else "highest")
+    elif out.dtype.is_complex and fill != fill:
+        fill = complex(fill, fill)  # (torch's mean of no complex element: nan+nanj)
     empty = partition.empty_samples.view(-1, *([1] * (out.dim() - 1)))
     return out.masked_fill(empty, fill)
 

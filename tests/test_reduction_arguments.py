@@ -1,0 +1,82 @@
+"""Reductions' ``dtype=`` and ``out=`` arguments and complex rows, as torch's on every sample
+(found by an audit of type promotion)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nestbatch import Layout, NestedBatch
+
+LAYOUTS = (Layout.PACKED, Layout.PADDED, Layout.LIST)
+
+
+def _per_sample(func, samples, *args, **kwargs) -> torch.Tensor:
+    return torch.stack([func(s, 0, *args, **kwargs) for s in samples])
+
+
+_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.bool)
+_FLOATS = (torch.float16, torch.float64)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("func, dtype", [
+    *((f, d) for f in (torch.sum, torch.prod) for d in (*_INTEGERS, *_FLOATS)),
+    *((torch.nansum, d) for d in _FLOATS),  # (torch's nansum takes floating dtypes)
+])
+def test_dtype_casts_the_input_first_as_torch(layout, func, dtype):
+    samples = [torch.tensor([[100], [100]], dtype=torch.int32),
+               torch.tensor([[5]], dtype=torch.int32)]
+    batch = NestedBatch.from_list(samples).to(layout)
+    got, expected = func(batch, 1, dtype=dtype), _per_sample(func, samples, dtype=dtype)
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_half_dtype_overflows_where_torchs_cast_does(layout):
+    samples = [torch.tensor([[70000.0], [-70000.0]]), torch.tensor([[1.0]])]
+    batch = NestedBatch.from_list(samples).to(layout)
+    for func in (torch.sum, torch.nansum):
+        got = func(batch, 1, dtype=torch.float16)
+        torch.testing.assert_close(got, _per_sample(func, samples, dtype=torch.float16),
+                                   equal_nan=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_out_receives_the_result_as_torchs(layout):
+    samples = [torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[5.0, 6.0]])]
+    batch = NestedBatch.from_list(samples).to(layout)
+    out = torch.full((2, 2), -7.0)
+    assert torch.sum(batch, 1, out=out) is out
+    assert torch.equal(out, _per_sample(torch.sum, samples))
+    resized = torch.empty(0)
+    torch.amax(batch, 1, out=resized)
+    assert torch.equal(resized, _per_sample(torch.amax, samples))
+    values, indices = torch.empty(0), torch.empty(0, dtype=torch.long)
+    result = torch.max(batch, 1, out=(values, indices))
+    expected = torch.stack([s.max(0).values for s in samples])
+    assert result.values is values and torch.equal(values, expected)
+    integers = NestedBatch.from_list([torch.tensor([[1, 2]]), torch.tensor([[3, 4]])])
+    floats = torch.empty(0)
+    torch.sum(integers, 1, out=floats)  # computed in out's dtype, as torch
+    assert floats.dtype == torch.float32 and floats.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.amax(batch, 1, out=torch.empty(2, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="ragged result"):
+        torch.softmax(batch, 1, out=torch.empty(0))
+    with pytest.raises(RuntimeError, match="automatic differentiation"):
+        torch.sum(batch.requires_grad_() if layout is Layout.LIST else
+                  NestedBatch.from_list(samples).requires_grad_(), 1, out=torch.empty(0))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_complex_reductions_over_the_ragged_dim_are_torchs(layout):
+    gen = torch.Generator().manual_seed(0)
+    samples = [torch.randn(3, 2, dtype=torch.complex64, generator=gen),
+               torch.zeros(0, 2, dtype=torch.complex64),
+               torch.randn(1, 2, dtype=torch.complex64, generator=gen)]
+    batch = NestedBatch.from_list(samples).to(layout)
+    for func in (torch.logsumexp, torch.mean, torch.sum):
+        torch.testing.assert_close(func(batch, 1), _per_sample(func, samples), equal_nan=True)
+    with pytest.raises(RuntimeError, match="complex"):
+        torch.nansum(batch, 1)
