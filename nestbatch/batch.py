@@ -8,6 +8,7 @@ caches the result; results of ops are new batches, and nothing mutates a cached 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -127,6 +128,11 @@ class NestedBatch(TensorMethods):
         # The batch whose cached packed rows this one's stored tensor views (a view op's result
         # over a conversion), brought up to date before this one reads: see _fresh.
         self._base_batch: NestedBatch | None = None
+        # The rows of the last packed conversion not cached because the stored data needs a
+        # gradient (held weakly), and the conversions a view op's result or ``to(layout)``
+        # exposes since, compared and written back as cached ones are (see _watch).
+        self._unkept: weakref.ref | None = None
+        self._watched: dict[Any, RaggedLayout] = {}
         self._remember(layout)
 
     # ============================================================================ constructors
@@ -540,6 +546,8 @@ class NestedBatch(TensorMethods):
         stored = primary.values if kind is Packed else primary.data if kind is Padded else None
         if stored.requires_grad if stored is not None else any(
                 t.requires_grad for t in primary.tensors):
+            if type(layout) is Packed:  # (a view over its rows is watched: with_values)
+                self._unkept = weakref.ref(layout.values)
             return layout
         if torch.is_inference_mode_enabled():
             # (Inference tensors keep no version counter: nothing is stamped.)
@@ -561,6 +569,37 @@ class NestedBatch(TensorMethods):
         except RuntimeError:  # an inference tensor (made in inference mode) keeps no counter
             return layout  # (not stamped)
         return layout
+
+    def _watch(self, layout: RaggedLayout) -> None:
+        """Compare and write back ``layout``, a conversion not cached (the stored data needs a
+        gradient) that a view op's result or ``to(layout)`` stores, as cached ones are: its
+        writes reach the stored data (recorded by autograd, which raises for a leaf, as for a
+        view of a leaf), and packed rows are rewritten after writes to the batch."""
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+            return  # (no state kept in a traced graph; inference tensors have no counters)
+        key = ("watched", id(layout))
+        tensor = layout.values if type(layout) is Packed else \
+            layout.data if type(layout) is Padded else None
+        if tensor is None or key in self._watched:
+            return
+        primary = self._primary
+        stored = primary.values if type(primary) is Packed else \
+            primary.data if type(primary) is Padded else None
+        self._watched[key] = layout
+        if not self._versions and stored is not None:
+            self._versions[None] = (stored, stored._version)
+        self._versions[key] = (tensor, tensor._version)
+
+    def _needs_watching(self, layout: RaggedLayout) -> bool:
+        """Whether ``layout``, just converted, was left uncached because the stored data needs a
+        gradient (a layout the batch holds, or a list, is compared already or never)."""
+        return type(layout) in (Packed, Padded) and layout is not self._primary and \
+            all(cached is not layout for cached in self._cache.values()) and \
+            _needs_gradient(self._primary)
+
+    def _unkept_rows(self) -> Tensor | None:
+        """The rows of the last packed conversion :meth:`_keep` did not cache, while alive."""
+        return None if self._unkept is None else self._unkept()
 
     def _fresh(self) -> None:
         """Bring the cached layouts in line with in-place writes that did not go through the
@@ -603,7 +642,16 @@ class NestedBatch(TensorMethods):
             )
         written = None if None in changed else changed[0]
         if written is not None:
-            self._write_back(self._cache[written])
+            if written in self._cache:
+                self._write_back(self._cache[written])
+            else:
+                try:
+                    self._write_back(self._watched[written])
+                except RuntimeError:
+                    # autograd refused it (a leaf that needs a gradient, written through a
+                    # view): raised once; the batch keeps its values.
+                    del self._watched[written], self._versions[written]
+                    raise
         elif isinstance(self._primary, Padded) and self._primary.padding_value is not None:
             # Written from outside, its padding may hold anything now.
             primary = self._primary
@@ -621,19 +669,29 @@ class NestedBatch(TensorMethods):
         primary = self._primary
         kept = {key: self._cache[key] for key in (Layout.PACKED, current)
                 if key in self._cache and self._cache[key] is not primary}
+        # Watched packed rows are rewritten as cached ones; other watched layouts are let go,
+        # as other cached conversions are dropped.
+        watched = {key: layout for key, layout in self._watched.items()
+                   if type(layout) is Packed or key == current}
         self._cache.clear()
         self._versions.clear()
+        self._watched = {}
         self._remember(primary)
-        packed = kept.get(Layout.PACKED)
-        if packed is not None and current is not Layout.PACKED and (
-                not isinstance(primary, Padded)
-                or _base_of(packed.values) is not _base_of(primary.data)):
+        stale = [layout for key, layout in (*kept.items(), *watched.items())
+                 if type(layout) is Packed and key != current and (
+                     not isinstance(primary, Padded)
+                     or _base_of(layout.values) is not _base_of(primary.data))]
+        if stale:
             # Recorded where the write was (an operand needing a gradient): views of the rows
             # hold the graph of the values they show, as views of a tensor written in place.
             with torch.set_grad_enabled(_needs_gradient(primary)):
-                packed.values.copy_(convert.to_packed(primary).values)
+                rows = convert.to_packed(primary).values
+                for layout in stale:
+                    layout.values.copy_(rows)
         for key, layout in kept.items():  # (not kept where autograd recorded the write)
             self._keep(key, layout)
+        for layout in watched.values():
+            self._watch(layout)
 
     def _write_back(self, layout: RaggedLayout) -> None:
         """Copy the values of a cached ``layout`` into the stored tensors, in place (the
@@ -899,7 +957,10 @@ class NestedBatch(TensorMethods):
         """
         if len(args) == 1 and not kwargs and isinstance(args[0], Layout):
             convert_to = {Layout.PACKED: self.packed, Layout.PADDED: self.padded}
-            return NestedBatch(convert_to.get(args[0], self.tensor_list)(), self._ragged_dim)
+            layout = convert_to.get(args[0], self.tensor_list)()
+            if self._needs_watching(layout):
+                self._watch(layout)  # (not cached: the stored data needs a gradient)
+            return NestedBatch(layout, self._ragged_dim)
         if args and isinstance(args[0], NestedBatch):  # to(other): its dtype and device
             args = (args[0].device, args[0].dtype, *args[1:])
         # copy=True, by keyword or in its place: after (dtype | tensor, non_blocking) or
@@ -1100,6 +1161,12 @@ class NestedBatch(TensorMethods):
         # dim 1 is valid for every feature shape
         out = NestedBatch.trusted(packed) if ragged_dim == 1 else NestedBatch(packed, ragged_dim)
         rows = self._cache.get(Layout.PACKED)
+        if rows is None and self._unkept is not None:
+            unkept = self._unkept_rows()
+            if unkept is not None and _base_of(values) is _base_of(unkept):
+                # Rows not cached (the stored data needs a gradient): watched instead.
+                rows = Packed.trusted(unkept, self._partition)
+                self._watch(rows)
         if rows is not None and rows is not self._primary \
                 and _base_of(values) is _base_of(rows.values):
             # This batch's cached packed rows, or a view of them (a view op's result): this

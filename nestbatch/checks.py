@@ -97,6 +97,14 @@ def check_fill_fits(value: object, dtype: torch.dtype) -> None:
         torch.empty(2, dtype=dtype).fill_(value)  # (torch's own check and message)
 
 
+def check_castable(result: torch.dtype, output: torch.dtype) -> None:
+    """Raise torch's ``RuntimeError`` where an in-place or ``out=`` result of dtype ``result``
+    cannot be written into a tensor of dtype ``output`` (``torch.can_cast``)."""
+    if not torch.can_cast(result, output):
+        raise RuntimeError(f"result type {result} can't be cast to the desired output type "
+                           f"{output}")
+
+
 def check_integer_tensor(value: object, name: str, ndim: int | None = None,
                          shape: str = "") -> Tensor:
     """``value`` if it is an integer tensor (any integer dtype) of ``ndim`` dims.

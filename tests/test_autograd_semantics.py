@@ -105,3 +105,54 @@ def test_a_leading_python_number_keeps_its_precision():
         got = func(0.1, batch).unbind()
         assert all(torch.equal(g, func(0.1, s)) for g, s in zip(got, _samples())), func
     assert torch.equal(torch.pow(3.4e39, batch).values, torch.pow(3.4e39, batch.values))
+
+
+def _padded_pair():
+    data = torch.tensor([[[1.0, 2], [3, 4], [5, 6]], [[7.0, 8], [0, 0], [0, 0]]], dtype=D)
+    samples = [data[0].clone().requires_grad_(), data[1, :1].clone().requires_grad_()]
+    return NestedBatch.from_padded(data.requires_grad_(), [3, 1]), samples
+
+
+@pytest.mark.parametrize("write, write_sample", [
+    (lambda y, w: y.transpose(1, 2).add_(w), lambda s, w: s.T.add_(w)),
+    (lambda y, w: y[..., 0].mul_(w), lambda s, w: s[..., 0].mul_(w)),
+    (lambda y, w: y.to(Layout.PACKED).add_(w), lambda s, w: s.add_(w)),
+])
+def test_a_write_through_a_view_of_a_batch_that_needs_a_gradient_reaches_it(write, write_sample):
+    # The view runs on a conversion that is not cached (its graph could not be reused): it is
+    # watched and written back with its graph, as a torch view's write reaches its base.
+    batch, samples = _padded_pair()
+    weight = torch.tensor(10.0, dtype=D, requires_grad=True)
+    y = batch * 1
+    write(y, weight)
+    loss = (y * y).sum(1).sum()
+    loss.backward()
+    expected_weight = weight.detach().clone().requires_grad_()
+    reference = 0
+    for sample in samples:
+        ys = sample * 1
+        write_sample(ys, expected_weight)
+        reference = reference + (ys * ys).sum()
+    assert torch.equal(loss.detach(), reference.detach())
+    reference.backward()
+    assert torch.equal(weight.grad, expected_weight.grad)
+    assert torch.equal(batch.grad.to_padded_tensor(0.0),
+                       torch.nn.utils.rnn.pad_sequence([s.grad for s in samples], True))
+
+
+def test_a_view_of_a_batch_that_needs_a_gradient_sees_its_later_writes_with_their_graph():
+    batch, samples = _padded_pair()
+    weight = torch.tensor(3.0, dtype=D, requires_grad=True)
+    y = batch * 1
+    view = y.transpose(1, 2)
+    y.mul_(weight)
+    (view * 1).sum(2).sum().backward()
+    assert torch.equal(weight.grad, torch.tensor(1.0 + 2 + 3 + 4 + 5 + 6 + 7 + 8, dtype=D))
+
+
+def test_a_write_through_a_view_of_a_leaf_that_needs_a_gradient_raises_as_torch():
+    leaf = NestedBatch.from_list([torch.ones(2, 2), torch.ones(1, 2)]).requires_grad_()
+    leaf.to(Layout.PADDED).add_(10.0)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        leaf.unbind()  # (raised at the leaf's next read, where the write would reach it)
+    assert torch.equal(leaf.unbind()[0], torch.ones(2, 2))  # (raised once; values kept)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, after_stored_write, storage_dim, stored_layout
+from nestbatch.checks import check_castable
 from nestbatch.checks import normalize_dim as checked_dim
 from nestbatch.layouts import Layout, Padded, RowPartition
 
@@ -180,10 +181,7 @@ def replace_storage(batch: NestedBatch, result: NestedBatch) -> NestedBatch:
     RuntimeError
         If ``result``'s dtype cannot be cast to ``batch``'s (as torch's in-place ops).
     """
-    if not torch.can_cast(result.dtype, batch.dtype):
-        raise RuntimeError(
-            f"result type {result.dtype} can't be cast to the desired output type {batch.dtype}"
-        )
+    check_castable(result.dtype, batch.dtype)
     if result.feature_shape != batch.feature_shape:
         raise RuntimeError(
             f"in-place result has feature shape {tuple(result.feature_shape)}, which does not "

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, cached_layout, storage_dim
+from nestbatch.checks import check_castable
 from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
@@ -465,9 +466,7 @@ def write_out(result: Any, out: Any, name: str) -> Any:
     if result.requires_grad and torch.is_grad_enabled():
         raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic "
                            "differentiation, but one of the arguments requires grad.")
-    if not torch.can_cast(result.dtype, out.dtype):
-        raise RuntimeError(f"result type {result.dtype} can't be cast to the desired output "
-                           f"type {out.dtype}")
+    check_castable(result.dtype, out.dtype)
     if out.shape != result.shape:
         if out.numel():
             warnings.warn(f"An output with one or more elements was resized since it had shape "
