@@ -246,7 +246,7 @@ def _names_of(namespace: Any, prefix: str) -> dict[int, str]:
 
 _NAMESPACES = [(torch, "torch"), (torch.Tensor, "Tensor"), (F, "F"),
                (torch.special, "torch.special"), (torch.autograd, "torch.autograd"),
-               (torch.nested, "torch.nested")]
+               (torch.nested, "torch.nested"), (torch.linalg, "torch.linalg")]
 
 
 def qualified_name(func: Callable) -> str:
@@ -378,6 +378,8 @@ RECIPES: dict[str, Recipe] = {
     **{name: binary(dtype=torch.int64) for name in _BINARY_INT},
     **{f"torch.{name}": unary(0.5, True)  # (torch's spellings: p and train positional)
        for name in ("dropout", "alpha_dropout", "feature_alpha_dropout")},
+    "vector_norm": unary(2, 1),
+    "norm": unary(2, 1),
     "result_type": binary(),
     "is_same_size": binary(),
     **{name: with_scalar(2.0) for name in _REFLECTED},

@@ -23,7 +23,13 @@ from torch import Tensor
 
 from nestbatch.batch import NestedBatch, after_stored_write, moved_ragged_error, stored_layout
 from nestbatch.layouts import Layout, Packed
-from nestbatch.ops.common import dim_kind, feature_values_dim, replace_storage, values_dim
+from nestbatch.ops.common import (
+    dim_kind,
+    feature_values_dim,
+    normalize_dim,
+    replace_storage,
+    values_dim,
+)
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
 
@@ -108,8 +114,21 @@ def _along_feature_dim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
         dim, args = args[position], args[:position] + args[position + 1 :]
     else:
         dim = kwargs.pop("dim", default)
+    if func is F.normalize and (not isinstance(dim, int) or dim_kind(
+            batch, normalize_dim(batch, dim)) == "ragged"):
+        return _normalize(batch, dim, *args[1:], **kwargs)
     stored = feature_values_dim(batch, dim, func.__name__)
     return batch.with_values(func(batch.values, *args[1:], dim=stored, **kwargs))
+
+
+def _normalize(batch: NestedBatch, dim: Any, p: float = 2.0, eps: float = 1e-12,
+               out: Tensor | None = None) -> NestedBatch:
+    """``F.normalize`` over the ragged dim or several dims, as torch's: the batch over its
+    norm there (``torch.linalg.vector_norm``, kept dims), clamped below at ``eps``."""
+    if out is not None:
+        raise TypeError("normalize: out= cannot hold a ragged result (a NestedBatch); use the "
+                        "returned batch")
+    return batch / torch.linalg.vector_norm(batch, p, dim, keepdim=True).clamp_min(eps)
 
 
 @register(F.linear, layouts=(Layout.PACKED,), moved_ragged=True)
