@@ -156,3 +156,20 @@ def test_a_write_through_a_view_of_a_leaf_that_needs_a_gradient_raises_as_torch(
     with pytest.raises(RuntimeError, match="leaf Variable"):
         leaf.unbind()  # (raised at the leaf's next read, where the write would reach it)
     assert torch.equal(leaf.unbind()[0], torch.ones(2, 2))  # (raised once; values kept)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("reduce", [
+    lambda b: b.sum(1), lambda b: b.mean(1), lambda b: torch.logsumexp(b, 1),
+    lambda b: b.var(1), lambda b: b.mean((1, 2)),
+    lambda b: F.layer_norm(b, b.shape[1:]).to_padded_tensor(0.0),
+])
+def test_reductions_over_the_ragged_dim_have_a_second_derivative(layout, reduce):
+    # (torch.segment_reduce's backward has none: the sums run in a Function whose backward is
+    # differentiable. No sample of one row: its variance is nan, for torch too.)
+    samples = [torch.randn(n, 2, dtype=D, requires_grad=True) for n in (3, 2, 4)]
+
+    def reduced(*xs):
+        return reduce(NestedBatch.from_list(list(xs)).to(layout))
+
+    assert torch.autograd.gradgradcheck(reduced, samples)

@@ -106,6 +106,9 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     if reduce in _EMPTY and values.dtype in WIDENED_DTYPES:  # sums and products accumulate
         wide = values.to(WIDENED_DTYPES[values.dtype])
         return segment_reduce(wide, batch, reduce).to(values.dtype)
+    if reduce in ("sum", "mean") and values.requires_grad and torch.is_grad_enabled() and \
+            values.is_floating_point() and _state["backend"] != "scatter":
+        return SegmentSum.apply(values, batch.offsets, batch.row_ids, reduce == "mean")
     backend = _state["backend"]
     if backend == "auto":
         backend = "scatter" if _scatter_is_faster(values, reduce) else "torch"
@@ -231,6 +234,30 @@ class SegmentExtreme(torch.autograd.Function):
         per_row = ties.sum(ctx.features, keepdim=True) if ctx.features else ties
         count = _per_sample_count(per_row, out.shape, row_ids)
         return (grad / count).index_select(0, row_ids) * ties, None, None, None, None
+
+
+class SegmentSum(torch.autograd.Function):
+    """``sum`` (or ``mean``) of every sample's packed rows ``values`` ``(total, *F)`` of a
+    floating dtype (``(B, *F)``; 0, or nan, for an empty sample), whose backward is made of
+    differentiable ops (a gather of the gradient by row id, a division by the lengths): a
+    gradient of the gradient exists, as torch's for a sample alone
+    (``torch.segment_reduce``'s backward has none)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, offsets: Tensor, row_ids: Tensor, mean: bool
+                ) -> Tensor:
+        ctx.save_for_backward(offsets, row_ids)
+        ctx.mean = mean
+        return torch.segment_reduce(values, "mean" if mean else "sum", offsets=offsets, axis=0,
+                                    unsafe=True)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        offsets, row_ids = ctx.saved_tensors
+        if ctx.mean:
+            lengths = (offsets[1:] - offsets[:-1]).clamp_min(1).to(grad.dtype)
+            grad = grad / lengths.view(-1, *([1] * (grad.dim() - 1)))
+        return grad.index_select(0, row_ids), None, None, None
 
 
 class SegmentProduct(torch.autograd.Function):
