@@ -51,10 +51,10 @@ from nestbatch.ops.interop import accept_nested_batches
 
 __version__ = "0.1.0"
 
-# ``torch.load`` (``weights_only=True``, its default) may rebuild saved batches: their classes
-# hold only tensors, ints, tuples and devices, and build no code from the file.
+# ``torch.load`` (``weights_only=True``, its default) may rebuild saved batches and shapes:
+# their classes hold only tensors, ints, tuples and devices, and build no code from the file.
 torch.serialization.add_safe_globals(
-    [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch]
+    [NestedBatch, Packed, Padded, TensorList, RowPartition, RaggedBatch, NestedSize, RaggedSize]
 )
 
 __all__ = [

@@ -118,7 +118,7 @@ def check_integer_tensor(value: object, name: str, ndim: int | None = None,
     """
     check_tensor(value, name)
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {value.dtype}")
+        raise TypeError(f"{name} must be an integer tensor (any integer dtype), got {value.dtype}")
     if ndim is not None and value.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-d {shape}, got shape {tuple(value.shape)}")
     return value

@@ -155,3 +155,14 @@ def test_share_memory_moves_every_stored_tensor():
     for layout in LAYOUTS:
         batch = _batch(layout)
         assert batch.share_memory_() is batch and batch.is_shared()
+
+
+def test_torch_load_rebuilds_a_saved_shape_with_its_default_weights_only():
+    import io
+
+    batch = _batch(Layout.PACKED)
+    for shape in (batch.shape, batch.size(1)):
+        buffer = io.BytesIO()
+        torch.save(shape, buffer)
+        buffer.seek(0)
+        assert torch.load(buffer) == shape

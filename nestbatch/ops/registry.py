@@ -246,6 +246,8 @@ plug_dispatcher(dispatch)
 
 def _display_name(func: Callable) -> str:
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    if "<locals>" in name:  # (a function a factory made: F.max_pool1d is boolean_dispatch's fn)
+        name = getattr(func, "__name__", name)
     if name.startswith("_VariableFunctionsClass."):
         return "torch." + name.split(".", 1)[1]
     if name.startswith(("Tensor.", "TensorBase.", "_TensorBase.")):
