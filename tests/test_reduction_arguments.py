@@ -80,3 +80,16 @@ def test_complex_reductions_over_the_ragged_dim_are_torchs(layout):
         torch.testing.assert_close(func(batch, 1), _per_sample(func, samples), equal_nan=True)
     with pytest.raises(RuntimeError, match="complex"):
         torch.nansum(batch, 1)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_large_mean_is_torchs(layout):
+    # (From MEAN_BY_SUM_ELEMENTS, a host mean is a segment sum over the lengths.)
+    gen = torch.Generator().manual_seed(1)
+    samples = [torch.randn(n, 64, generator=gen) for n in (700, 0, 500, 1)]
+    batch = NestedBatch.from_list(samples).to(layout)
+    got = torch.mean(batch, 1)
+    segment = torch.segment_reduce(torch.cat(samples), "mean", lengths=torch.tensor(
+        [len(s) for s in samples]))
+    torch.testing.assert_close(got, segment, equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(got, _per_sample(torch.mean, samples), equal_nan=True)

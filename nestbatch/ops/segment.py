@@ -117,6 +117,15 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
 
         out = segment_csr(values, batch.offsets, reduce=reduce)
     elif values.is_floating_point():
+        if reduce == "mean" and values.is_cpu and values.numel() >= MEAN_BY_SUM_ELEMENTS:
+            # On the CPU segment_reduce's mean is slower than its sum and one division (1.25x
+            # at 1 MB and 32 MB, 2 cores): the same sum over the same count (0 / 0 is the
+            # empty sample's nan). (Smaller, the two more ops cost more; on CUDA its one
+            # kernel is fewer launches.)
+            out = torch.segment_reduce(values, "sum", offsets=batch.offsets, axis=0,
+                                       unsafe=True)
+            count = batch.lengths.to(out.dtype)
+            return out / count.view(-1, *([1] * (out.dim() - 1)))
         # segment_reduce gives TF's empty results itself for sum, mean and prod.
         name = {"amax": "max", "amin": "min"}.get(reduce, reduce)
         out = torch.segment_reduce(values, name, offsets=batch.offsets, axis=0, unsafe=True)
@@ -149,6 +158,9 @@ def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
     return row >= SCATTER_MIN_ROW and values.numel() >= SCATTER_MIN_ELEMENTS[reduce]
 
 
+#: On the CPU, a mean is a segment sum over the lengths from this many elements (faster than
+#: segment_reduce's mean from about 64k float32 elements on 2 cores; below, its one call wins).
+MEAN_BY_SUM_ELEMENTS = 1 << 16
 #: On the CPU, torch-scatter pays off from this many elements (see :func:`_scatter_is_faster`).
 SCATTER_MIN_ELEMENTS = {"sum": 1 << 22, "mean": 1 << 16}
 #: ... and from rows of this many elements.
