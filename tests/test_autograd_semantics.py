@@ -173,3 +173,24 @@ def test_reductions_over_the_ragged_dim_have_a_second_derivative(layout, reduce)
         return reduce(NestedBatch.from_list(list(xs)).to(layout))
 
     assert torch.autograd.gradgradcheck(reduced, samples)
+
+
+@pytest.mark.parametrize("layout", (Layout.PACKED, Layout.LIST))
+def test_prod_over_the_ragged_dim_has_torchs_second_derivative_at_zeros(layout):
+    # Samples with no, one, two and three zeros in a column.
+    samples = [torch.tensor([[0.5, 1.0], [-1.0, 2.0], [0.5, 3.0]], dtype=D),
+               torch.tensor([[0.0, 1.0], [-1.0, 2.0], [0.5, 3.0]], dtype=D),
+               torch.tensor([[0.0, 1.0], [0.0, 2.0], [0.5, 3.0]], dtype=D),
+               torch.tensor([[0.0, 1.0], [0.0, 2.0], [0.0, 3.0]], dtype=D)]
+    for sample in samples:
+        x = sample.clone().requires_grad_()
+        batch = NestedBatch.from_list([x]).to(layout)
+        grad, = torch.autograd.grad(batch.prod(1).sum(), x, create_graph=True)
+        second, = torch.autograd.grad(grad.sum(), x)
+        y = sample.clone().requires_grad_()
+        expected_grad, = torch.autograd.grad(y.prod(0).sum(), y, create_graph=True)
+        expected, = torch.autograd.grad(expected_grad.sum(), y)
+        assert torch.equal(grad, expected_grad) and torch.equal(second, expected)
+    leaves = [s.clone().requires_grad_() for s in samples]
+    assert torch.autograd.gradgradcheck(
+        lambda *xs: NestedBatch.from_list(list(xs)).to(layout).prod(1), leaves)

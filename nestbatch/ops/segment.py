@@ -289,12 +289,26 @@ class SegmentProduct(torch.autograd.Function):
         values, out, offsets, row_ids = ctx.saved_tensors
         zero = values == 0
         zeros = _per_sample_count(zero, out.shape, row_ids).index_select(0, row_ids)
-        nonzero = torch.segment_reduce(values.masked_fill(zero, 1), "prod", offsets=offsets,
-                                       axis=0, unsafe=True).index_select(0, row_ids)
-        # No zero: result / x. One zero: the product of the others at it, 0 elsewhere. More: 0.
-        share = torch.where(zeros == 0, out.index_select(0, row_ids) / values,
-                            torch.where(zero & (zeros == 1), nonzero, 0.0))
+        # The product of the others, written with differentiable ops that stay finite (a
+        # gradient of this gradient exists): N, the product of the sample's non-zero elements,
+        # times the values of its zeros but one's own. (A third zero makes every product of
+        # the others, and its derivatives, 0.)
+        rows = functools.partial(_segment_rows, offsets=offsets, row_ids=row_ids)
+        others = rows(values.masked_fill(zero, 1), "prod")
+        zero_sum = rows(values.masked_fill(~zero, 0), "sum")  # (the zeros' values: 0, with a
+        # gradient)
+        at_zero = others * torch.where(zeros == 1, 1.0, torch.where(
+            zeros == 2, zero_sum - values, 0.0))
+        elsewhere = others / values.masked_fill(zero, 1) * torch.where(
+            zeros == 0, 1.0, torch.where(zeros == 1, zero_sum, 0.0))
+        share = torch.where(zero, at_zero, elsewhere)
         return grad.index_select(0, row_ids) * share, None, None
+
+
+def _segment_rows(values: Tensor, reduce: str, *, offsets: Tensor, row_ids: Tensor) -> Tensor:
+    """``reduce`` of every sample's rows, repeated for each of its rows (``(total, *F)``)."""
+    out = torch.segment_reduce(values, reduce, offsets=offsets, axis=0, unsafe=True)
+    return out.index_select(0, row_ids)
 
 
 def _per_sample_count(flags: Tensor, shape: torch.Size, row_ids: Tensor) -> Tensor:
