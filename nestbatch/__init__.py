@@ -7,9 +7,8 @@ sizes, or a list of tensors, and converts lazily (and cached) between them. The 
 
 import torch
 
-from nestbatch import compat, ops  # noqa: F401  (the registry and the vocabularies plug in)
+from nestbatch import compat, ops, torch_nested  # noqa: F401  (the registry and the vocabularies plug in)
 from nestbatch.batch import NestedBatch
-from nestbatch.compat import torch_nested
 from nestbatch.compat.batching_helpers import (
     RaggedBatch,
     apply_mask_to_tensor,

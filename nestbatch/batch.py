@@ -39,6 +39,7 @@ from nestbatch.checks import (
     normalize_dim,
     read_device_values,
 )
+from nestbatch.errors import NestedValueError
 from nestbatch.layouts import Layout, Packed, Padded, RaggedLayout, RowPartition, TensorList
 from nestbatch.layouts.padded import filler_key
 from nestbatch.layouts.sizes import NestedSize, RaggedSize
@@ -720,7 +721,8 @@ class NestedBatch(TensorMethods):
         cached.
         """
         if dim != 0:
-            raise ValueError(f"unbind is only supported along dim 0 (the batch), got dim={dim}")
+            raise NestedValueError(f"unbind is only supported along dim 0 (the batch), got "
+                                   f"dim={dim}")  # (a RuntimeError too, as torch.nested's)
         if self._partition.ragged_rank > 1:
             return tuple(self._nested_sample(i) for i in range(self.batch_size))
         return tuple(self._logical(t) for t in self.tensor_list().tensors)

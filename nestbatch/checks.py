@@ -105,6 +105,12 @@ def check_castable(result: torch.dtype, output: torch.dtype) -> None:
                            f"{output}")
 
 
+def ragged_out_error(name: str) -> TypeError:
+    """The error for ``out=`` given to a function whose result is ragged (a batch)."""
+    return TypeError(f"{name}: out= cannot hold a ragged result (a NestedBatch); use the "
+                     "returned batch")
+
+
 def check_integer_tensor(value: object, name: str, ndim: int | None = None,
                          shape: str = "") -> Tensor:
     """``value`` if it is an integer tensor (any integer dtype) of ``ndim`` dims.

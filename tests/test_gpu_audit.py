@@ -378,6 +378,7 @@ RECIPES: dict[str, Recipe] = {
     **{name: binary(dtype=torch.int64) for name in _BINARY_INT},
     **{f"torch.{name}": unary(0.5, True)  # (torch's spellings: p and train positional)
        for name in ("dropout", "alpha_dropout", "feature_alpha_dropout")},
+    "repeat_interleave": unary(2, 1),
     "vector_norm": unary(2, 1),
     "norm": unary(2, 1),
     "result_type": binary(),

@@ -320,3 +320,48 @@ def test_setitem_keeps_the_graph_and_refuses_a_leaf_as_torch():
     leaf = nestbatch.nested(values, requires_grad=True)
     with pytest.raises(RuntimeError, match="leaf Variable"):
         leaf[:, 1:] = 1.0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tile_and_repeat_by_ones_copy_as_torchs(layout):
+    samples = _samples(2, 1)
+    for call in (lambda b: b.repeat(1, 1, 1), lambda b: torch.tile(b, (1, 1, 1)),
+                 lambda b: b.tile(())):
+        batch = nestbatch.nested([s.clone() for s in samples]).to(layout)
+        call(batch).add_(1)
+        _assert_samples(batch, samples)  # (the input is not written: a copy, as torch's)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("repeats, dim", [(2, -1), (2, 2), (torch.tensor([1, 0]), 2), (3, 1),
+                                          (torch.tensor(2), 1), (0, 1)])
+def test_repeat_interleave_is_torchs_on_every_sample(layout, repeats, dim):
+    samples = _samples(2, 0, 1)
+    batch = nestbatch.nested(samples).to(layout)
+    sample_dim = dim - 1 if dim > 0 else dim
+    _assert_samples(torch.repeat_interleave(batch, repeats, dim),
+                    [torch.repeat_interleave(s, repeats, sample_dim) for s in samples])
+    with pytest.raises(ValueError, match="needs dim"):
+        torch.repeat_interleave(batch, 2)
+
+
+def test_structure_ops_refuse_out_and_other_ragged_ranks_and_unbind_other_dims():
+    batch = nestbatch.nested(_samples(2, 1))
+    for call in (lambda: torch.cat([batch, batch], 0, out=torch.empty(0)),
+                 lambda: torch.stack([batch, batch], 2, out=torch.empty(0)),
+                 lambda: torch.add(batch, 1, out=torch.empty(0))):
+        with pytest.raises(TypeError, match="out= cannot hold a ragged result"):
+            call()
+    two_levels = nestbatch.NestedBatch.from_nested_row_lengths(torch.randn(6, 3),
+                                                                ([2, 1], [2, 0, 4]))
+    with pytest.raises(ValueError, match="same ragged rank"):
+        torch.cat([two_levels, torch.randn(1, 2, 2, 3)], 0)
+    with pytest.raises(RuntimeError, match="only supported along dim 0"):
+        batch.unbind(1)  # (a RuntimeError too, as torch.nested's)
+
+
+def test_torch_nested_functions_import_as_torch_nested_does():
+    import nestbatch.torch_nested as nested
+
+    batch = nested.nested_tensor_from_jagged(torch.randn(5, 2), torch.tensor([0, 2, 5]))
+    assert [len(s) for s in batch.unbind()] == [2, 3]

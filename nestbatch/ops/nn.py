@@ -122,12 +122,10 @@ def _along_feature_dim(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
 
 
 def _normalize(batch: NestedBatch, dim: Any, p: float = 2.0, eps: float = 1e-12,
-               out: Tensor | None = None) -> NestedBatch:
+               out: None = None) -> NestedBatch:
     """``F.normalize`` over the ragged dim or several dims, as torch's: the batch over its
-    norm there (``torch.linalg.vector_norm``, kept dims), clamped below at ``eps``."""
-    if out is not None:
-        raise TypeError("normalize: out= cannot hold a ragged result (a NestedBatch); use the "
-                        "returned batch")
+    norm there (``torch.linalg.vector_norm``, kept dims), clamped below at ``eps`` (``out=``
+    is refused by the registry: no tensor holds a ragged result)."""
     return batch / torch.linalg.vector_norm(batch, p, dim, keepdim=True).clamp_min(eps)
 
 

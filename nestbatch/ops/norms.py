@@ -27,7 +27,7 @@ from nestbatch.ops.registry import register
 
 
 @register(torch.linalg.vector_norm, torch.norm, torch.Tensor.norm, layouts=PACKED_OR_PADDED,
-          prefer=Layout.PACKED, moved_ragged=True)
+          prefer=Layout.PACKED, moved_ragged=True, out=True)
 def _norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     default = 2 if func is torch.linalg.vector_norm else "fro"

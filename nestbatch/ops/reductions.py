@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nestbatch.batch import NestedBatch, cached_layout, storage_dim
-from nestbatch.checks import check_castable
+from nestbatch.checks import check_castable, ragged_out_error
 from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
@@ -405,7 +405,7 @@ _TAKE_DTYPE = frozenset({"sum", "nansum", "mean", "prod"})
 
 
 @register(*torch_funcs(*_NAMES), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
-          moved_ragged=True, fast=_segment_fast_path, nested=True)
+          moved_ragged=True, fast=_segment_fast_path, nested=True, out=True)
 def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     kwargs = dict(kwargs)
@@ -428,7 +428,7 @@ def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 @register(*torch_funcs("var", "std"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
-          moved_ragged=True)
+          moved_ragged=True, out=True)
 def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     dims = _dims(batch, _arg(args, kwargs, 1, "dim"))
@@ -459,8 +459,7 @@ def write_out(result: Any, out: Any, name: str) -> Any:
             raise TypeError(f"{name}: out must be a tuple of {len(result)} tensors")
         return type(result)(write_out(r, o, name) for r, o in zip(result, out))
     if isinstance(result, NestedBatch):
-        raise TypeError(f"{name}: out= cannot hold a ragged result (a NestedBatch); use the "
-                        "returned batch")
+        raise ragged_out_error(name)
     if not isinstance(out, Tensor):
         raise TypeError(f"{name}: out must be a Tensor, got {type(out).__name__}")
     if result.requires_grad and torch.is_grad_enabled():
@@ -477,7 +476,7 @@ def write_out(result: Any, out: Any, name: str) -> Any:
 
 
 @register(*torch_funcs("max", "min"), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
-          moved_ragged=True)
+          moved_ragged=True, out=True)
 def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``max(x)``: a 0-d tensor; ``max(x, dim)``: ``(values, indices)``; ``max(x, y)``: maximum."""
     batch = args[0]
@@ -545,9 +544,6 @@ def _log_softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _softmax_call(layout: Layout, args: tuple, kwargs: dict, *, log: bool) -> Any:
     batch = args[0]
-    if kwargs.get("out") is not None:
-        raise TypeError("softmax: out= cannot hold a ragged result (a NestedBatch); use the "
-                        "returned batch")
     dim = _arg(args, kwargs, 1, "dim")
     if dim is None:
         raise ValueError("softmax on a NestedBatch needs an explicit dim")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from nestbatch.batch import NestedBatch, plug_dispatcher
+from nestbatch.checks import ragged_out_error
 from nestbatch.errors import converted
 from nestbatch.layouts import Layout
 from nestbatch.tensor_methods import tensor_method, tensor_property
@@ -45,6 +46,7 @@ class OpEntry:
     order: tuple[Layout, ...] = ()  # the layouts to try, the preferred first
     fast: Callable[[Callable, tuple, dict], Any] | None = None
     nested: bool = False
+    out: bool = False
 
 
 _REGISTRY: dict[Callable, OpEntry] = {}
@@ -72,6 +74,7 @@ def register(
     moved_ragged: bool = False,
     fast: Callable[[Callable, tuple, dict], Any] | None = None,
     nested: bool = False,
+    out: bool = False,
 ) -> Callable[[Implementation], Implementation]:
     """Decorator: run ``funcs`` on nested batches with the decorated implementation.
 
@@ -97,6 +100,10 @@ def register(
         Whether the implementation handles batches of ragged rank ``r >= 2`` (nested
         raggedness, see :meth:`~nestbatch.layouts.RowPartition.nested`). Otherwise
         :func:`dispatch` raises a ``TypeError`` naming the op for such a batch.
+    out : bool, default False
+        Whether the implementation takes torch's ``out=`` (its result may be a dense tensor).
+        Otherwise :func:`dispatch` raises a ``TypeError`` for a call with ``out=``: no tensor
+        holds a ragged result.
 
     Notes
     -----
@@ -115,7 +122,8 @@ def register(
 
     def decorate(impl: Implementation) -> Implementation:
         for func in funcs:
-            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order, fast, nested)
+            _REGISTRY[func] = OpEntry(impl, layouts, prefer, moved_ragged, order, fast, nested,
+                                      out)
             _expose_as_method(func)
         return impl
 
@@ -208,6 +216,8 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
                 "with .padded().data (and .mask) or .values (the packed rows), or register an "
                 "implementation with nestbatch.ops.registry.register"
             )
+        if kwargs and not entry.out and kwargs.get("out") is not None:
+            raise ragged_out_error(_display_name(func))
         if entry.fast is not None:
             out = entry.fast(func, args, kwargs)
             if out is not NotImplemented:

@@ -126,6 +126,13 @@ def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
             "cat along dim 0: batches must have the same sample shape (None at ragged dims), "
             f"got {' and '.join(map(str, shapes_seen))}"
         )
+    ranks = {b.partition.ragged_rank for b in batches}
+    if len(ranks) > 1:
+        # (Two ragged dims of one batch and two levels of rows of another print alike.)
+        raise ValueError(
+            f"cat along dim 0: batches must have the same ragged rank (nested raggedness), got "
+            f"{sorted(ranks)}; a dense tensor or a batch of several ragged dims has rank 1"
+        )
     values = torch.cat([b.packed().values for b in batches])
     if batches[0].partition.ragged_rank > 1:
         return NestedBatch(Packed(values, partition=_joined_levels(batches)))
@@ -260,6 +267,19 @@ def _tile(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return tile(batch, reps)
 
 
+def _lengths_times(batch: NestedBatch, count: int) -> RowPartition:
+    """The partition of ``batch``'s samples with ``count`` times their rows (host sizes kept)."""
+    host = None
+    if batch.partition.knows_host_shapes:
+        host = [n * count for n in batch.partition.host_lengths]
+    return RowPartition.from_lengths(batch.lengths * count, host_lengths=host)
+
+
+def tile_rows(batch: NestedBatch, count: int, values: Tensor) -> NestedBatch:
+    """A batch of ``count`` times every sample's rows, ``values`` (in the new order)."""
+    return NestedBatch(Packed(values, partition=_lengths_times(batch, count)), batch.ragged_dim)
+
+
 def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
     """TF ``tile``: repeat the batch, every sample along its ragged dim, and the features.
 
@@ -292,14 +312,41 @@ def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
         values = values.repeat(1, *features)
     r = reps[rd]
     if r != 1:
-        host = None
-        if batch.partition.knows_host_shapes:
-            host = [n * r for n in batch.partition.host_lengths]
-        partition = RowPartition.from_lengths(batch.lengths * r, host_lengths=host)
+        partition = _lengths_times(batch, r)
         old_lengths = batch.lengths[partition.row_ids].clamp_min(1)
         source = batch.offsets[partition.row_ids] + partition.positions % old_lengths
         return NestedBatch(Packed(values.index_select(0, source), partition=partition), rd)
+    if reps[0] == 1 and all(r == 1 for r in features):
+        values = values.clone()  # (repeat always copies, as torch's: every rep 1 is no view)
     return batch.with_values(values, rd)
+
+
+@register(torch.repeat_interleave, torch.Tensor.repeat_interleave, layouts=(Layout.PACKED,),
+          moved_ragged=True)
+def _repeat_interleave(layout: Layout, func: Any, args: tuple, kwargs: dict) -> NestedBatch:
+    """``repeat_interleave`` of every sample along a feature dim (torch's on the packed rows),
+    or along its ragged dim by one count (each row ``repeats`` times in place: lengths times
+    ``repeats``)."""
+    batch = args[0]
+    repeats = args[1] if len(args) > 1 else kwargs["repeats"]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    if dim is None:
+        raise ValueError("repeat_interleave of a NestedBatch needs dim (without it torch "
+                         "flattens the whole tensor, which mixes the samples)")
+    dim = normalize_dim(batch, dim)
+    if dim_kind(batch, dim) == "feature":
+        return batch.with_values(batch.values.repeat_interleave(
+            repeats, values_dim(batch, dim), output_size=kwargs.get("output_size")))
+    if dim_kind(batch, dim) != "ragged" or batch.num_ragged_dims != 1 or not (
+            isinstance(repeats, int) or isinstance(repeats, Tensor) and repeats.numel() == 1):
+        raise ValueError(
+            f"repeat_interleave along dim {dim} of a NestedBatch of shape {batch.shape}: along "
+            "its ragged dim it takes one count (each sample's rows differ in number)"
+        )
+    count = int(repeats)
+    if count < 0:
+        raise RuntimeError(f"repeat_interleave: repeats can not be negative, got {count}")
+    return tile_rows(batch, count, batch.values.repeat_interleave(count, 0))
 
 
 @register(torch.nested.to_padded_tensor, layouts=tuple(Layout), moved_ragged=True, nested=True)
