@@ -66,7 +66,9 @@ def _operator(name: str, reflected: bool = False, dunder: str = "") -> Callable:
     def operator(self: Any, other: Any) -> Any:
         if not (isinstance(other, _OPERAND_TYPES) or isinstance(other, TensorMethods)
                 or isinstance(other, Number)):
-            return NotImplemented
+            if getattr(other, "ndim", None) != 0 or not hasattr(other, "item"):
+                return NotImplemented
+            other = other.item()  # a NumPy scalar (np.bool_ is no Number) or 0-d array
         if reflected:
             if torch_reflected is not None and not isinstance(other, (Tensor, TensorMethods)):
                 return _call(torch_reflected, self, other)

@@ -92,3 +92,27 @@ def test_norm_gradients_are_torchs():
     zeros = torch.zeros(3, 2, dtype=torch.float64, requires_grad=True)
     torch.linalg.vector_norm(NestedBatch.from_list([zeros]), 2, 1).sum().backward()
     assert torch.equal(zeros.grad, torch.zeros(3, 2, dtype=torch.float64))  # (torch's: 0, no NaN)
+
+
+def test_norm_arguments_are_torchs():
+    samples = _samples(torch.float32)
+    batch = NestedBatch.from_list(samples)
+    every = torch.cat(samples)
+    for call in (lambda x: torch.linalg.vector_norm(x, 2, ()), lambda x: torch.norm(x, 2, ())):
+        torch.testing.assert_close(call(batch), call(every))  # (dim=() is every dim)
+    assert torch.linalg.vector_norm(batch, 2, 1, dtype=torch.float64).dtype == torch.float64
+    for call in (lambda: torch.linalg.vector_norm(batch, 2, 1, dtype=torch.float16),
+                 lambda: torch.linalg.vector_norm(batch, 2, 1, dtype=torch.complex64),
+                 lambda: torch.norm(batch, "fro", (1, 2, 0))):
+        with pytest.raises(RuntimeError):  # (torch's checks of dtype= and of dim)
+            call()
+
+
+def test_normalize_of_a_moved_ragged_dim_is_torchs():
+    samples = _samples()
+    moved = NestedBatch.from_list(samples).transpose(1, 2)  # (B, 4, j)
+    for dim, sample_dim in ((2, 1), ((1, 2), (0, 1))):
+        got = F.normalize(moved, dim=dim)
+        assert got.ragged_dim == 2
+        for g, s in zip(got.unbind(), samples):
+            torch.testing.assert_close(g, F.normalize(s.T, dim=sample_dim))

@@ -103,3 +103,22 @@ def test_sums_of_long_samples_keep_torchs_accuracy(layout, func):
     exact = torch.stack([func(s.double(), 0) for s in samples])
     got = func(batch, 1)
     torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=0, equal_nan=True)
+
+
+def test_out_dtypes_torch_refuses_are_refused():
+    batch = NestedBatch.from_list([torch.randn(2, 3), torch.randn(1, 3)])
+    for call in (lambda: torch.amax(batch, 1, out=torch.empty(0, dtype=torch.float64)),
+                 lambda: torch.argmax(batch, 1, out=torch.empty(0, dtype=torch.int32)),
+                 lambda: torch.any(batch, 1, out=torch.empty(0)),
+                 lambda: torch.max(batch, 1, out=(torch.empty(0, dtype=torch.float64),
+                                                  torch.empty(0, dtype=torch.long))),
+                 lambda: torch.mean(NestedBatch.from_list([torch.arange(3)]), 1,
+                                    out=torch.empty(0))):
+        with pytest.raises(RuntimeError):
+            call()
+    complex_batch = NestedBatch.from_list([torch.randn(2, dtype=torch.complex64)])
+    with pytest.raises(RuntimeError, match="complex"):
+        torch.nansum(complex_batch, 1, dtype=torch.float64)
+    integers = NestedBatch.from_list([torch.arange(3)])
+    assert torch.nansum(integers, 1, dtype=torch.complex128).dtype == torch.complex128
+    assert torch.sum(batch, ()).shape == ()  # (dim=() is every dim, as torch's)

@@ -365,3 +365,33 @@ def test_torch_nested_functions_import_as_torch_nested_does():
 
     batch = nested.nested_tensor_from_jagged(torch.randn(5, 2), torch.tensor([0, 2, 5]))
     assert [len(s) for s in batch.unbind()] == [2, 3]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_setitem_casts_drops_unit_dims_and_takes_one_element_masks_as_torch(layout):
+    samples = [torch.zeros(3, 4, dtype=torch.float16), torch.zeros(5, 4, dtype=torch.float16)]
+    batch = nestbatch.nested(samples).to(layout)
+    expected = [s.clone() for s in samples]
+    batch[:, 1:] = 1e6  # (inf in half precision, as torch's assignment)
+    for e in expected:
+        e[1:] = 1e6
+    batch[1] = torch.ones(1, 5, 4)  # (leading size-1 dims dropped)
+    expected[1][:] = 1
+    batch[batch > 0.5] = torch.tensor([2.0])
+    for e in expected:
+        e[e > 0.5] = 2.0
+    _assert_samples(batch, expected)
+
+
+def test_numpy_scalars_and_in_place_functions_of_torch():
+    import numpy as np
+
+    batch = nestbatch.nested(_samples(2, 1))
+    for got, expect in ((np.bool_(True) * batch, batch * True),
+                        (batch * np.bool_(False), batch * False),
+                        (batch + np.array(2.0), batch + 2.0)):
+        assert isinstance(got, nestbatch.NestedBatch)
+        _assert_samples(got, list(expect.unbind()))
+    samples = [s.clone() for s in batch.unbind()]
+    assert torch.sigmoid_(batch) is batch
+    _assert_samples(batch, [s.sigmoid() for s in samples])

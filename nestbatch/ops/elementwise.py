@@ -167,9 +167,13 @@ def _elementwise(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 _INPLACE_NAMES = (*(name + "_" for name in (*UNARY, *BINARY)), *INPLACE_DUNDERS)
 _INPLACE = tuple(getattr(torch.Tensor, n) for n in _INPLACE_NAMES if hasattr(torch.Tensor, n))
+#: torch's function spellings of the in-place ops (``torch.sigmoid_(b)``).
+_TORCH_INPLACE = tuple(getattr(torch, n) for n in _INPLACE_NAMES
+                       if not n.startswith("__") and callable(getattr(torch, n, None)))
 
 
-@register(*_INPLACE, torch.Tensor.zero_, torch.Tensor.fill_, torch.Tensor.copy_,
+@register(*_INPLACE, *_TORCH_INPLACE, torch.Tensor.zero_, torch.Tensor.fill_,
+          torch.Tensor.copy_,
           layouts=PACKED_OR_PADDED,
           prefer=Layout.PACKED, moved_ragged=True, nested=True)
 def _elementwise_inplace(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:

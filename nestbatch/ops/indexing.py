@@ -80,17 +80,19 @@ def setitem(batch: NestedBatch, index: Any, value: Any) -> None:
                 "batch[mask] = value takes a number or a one-element tensor as value; for "
                 "values from another batch, use torch.where(mask, other, batch)"
             )
-        batch.masked_fill_(index, value)
+        # A 0-d tensor of the batch's dtype: cast as torch's assignment casts (1e6 in a half
+        # batch is inf, which masked_fill_ of the number refuses).
+        batch.masked_fill_(index, _as_tensor(value).reshape(()).to(batch.dtype))
         return
     stored = stored_layout(batch)
     rows = batch.packed().values
     positions = torch.arange(rows.numel(), device=rows.device).view(rows.shape)
     chosen = getitem(batch.with_values(positions), index)
     written = torch.empty_like(chosen, dtype=batch.dtype)
-    if isinstance(value, Tensor | NestedBatch):
-        written.copy_(value)
-    else:
-        written.fill_(value)
+    if isinstance(value, Tensor):
+        while value.dim() > chosen.dim() and value.shape[0] == 1:
+            value = value[0]  # (torch's assignment drops a value's leading size-1 dims)
+    written.copy_(value if isinstance(value, Tensor | NestedBatch) else _as_tensor(value))
     if isinstance(chosen, NestedBatch):
         chosen, written = chosen.packed().values, written.packed().values
     if isinstance(stored, Packed) and rows.is_contiguous():
@@ -100,6 +102,15 @@ def setitem(batch: NestedBatch, index: Any, value: Any) -> None:
     rows = rows.clone(memory_format=torch.contiguous_format)
     rows.view(-1).index_put_((chosen.reshape(-1),), written.reshape(-1))
     replace_storage(batch, batch.with_values(rows))
+
+
+def _as_tensor(value: Any) -> Tensor:
+    """``value`` as a tensor that holds it exactly (a Python float as float64, a complex as
+    complex128), for a copy that casts it as torch's assignment does."""
+    if isinstance(value, Tensor):
+        return value
+    kinds = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+    return torch.as_tensor(value, dtype=kinds.get(type(value)))
 
 
 def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:

@@ -126,6 +126,14 @@ def _normalize(batch: NestedBatch, dim: Any, p: float = 2.0, eps: float = 1e-12,
     """``F.normalize`` over the ragged dim or several dims, as torch's: the batch over its
     norm there (``torch.linalg.vector_norm``, kept dims), clamped below at ``eps`` (``out=``
     is refused by the registry: no tensor holds a ragged result)."""
+    rd = batch.ragged_dim
+    if rd != 1:
+        # The norm, kept dims, is dense: it broadcasts back over the samples with the ragged
+        # dim at dim 1 (TF's rule), so the batch goes there and back (two views).
+        swap = {1: rd, rd: 1}
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        moved = tuple(swap.get(normalize_dim(batch, d), normalize_dim(batch, d)) for d in dims)
+        return _normalize(batch.transpose(1, rd), moved, p, eps).transpose(1, rd)
     return batch / torch.linalg.vector_norm(batch, p, dim, keepdim=True).clamp_min(eps)
 
 

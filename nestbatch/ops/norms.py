@@ -36,21 +36,23 @@ def _norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     keepdim = bool(args[3] if len(args) > 3 else kwargs.get("keepdim", False))
     dtype = kwargs.get("dtype")
     if order == "fro":
+        if dim is not None and not isinstance(dim, int) and len(dim) > 2:
+            raise RuntimeError(f"linalg.matrix_norm: dim must be a 2-tuple. Got {tuple(dim)}")
         order = 2  # (of the dims given: the 2-norm of their elements, as torch's)
     elif isinstance(order, str):
         raise ValueError(f"norm: the {order!r} norm is a matrix norm, which a NestedBatch does "
                          "not compute; give a number (a vector norm)")
-    if dtype is not None and dtype != batch.dtype:
-        batch = batch.to(dtype)  # (torch casts the input first)
-    result = vector_norm(batch, float(order), dim, keepdim)
+    result = vector_norm(batch, float(order), dim, keepdim, dtype)
     return write_out(result, kwargs.get("out"), "norm")
 
 
-def vector_norm(batch: NestedBatch, order: float, dim: Any, keepdim: bool) -> Tensor | NestedBatch:
-    """The ``order`` vector norm of ``batch`` over ``dim`` (None: every element; an int or a
-    tuple of logical dims), a batch where the ragged dim is kept, else a dense tensor."""
-    if dim is None:
-        return torch.linalg.vector_norm(batch.packed().values, order)
+def vector_norm(batch: NestedBatch, order: float, dim: Any, keepdim: bool,
+                dtype: torch.dtype | None = None) -> Tensor | NestedBatch:
+    """The ``order`` vector norm of ``batch`` over ``dim`` (None or ``()``: every element; an
+    int or a tuple of logical dims), computed in ``dtype`` as torch's (which checks it), a batch
+    where the ragged dim is kept, else a dense tensor."""
+    if dim is None or dim == ():
+        return torch.linalg.vector_norm(batch.packed().values, order, dtype=dtype)
     dims = sorted({normalize_dim(batch, d) for d in ((dim,) if isinstance(dim, int) else dim)})
     if 0 in dims:
         raise ValueError("norm over dim 0 (the batch) of a NestedBatch: give dim=None for the "
@@ -58,7 +60,8 @@ def vector_norm(batch: NestedBatch, order: float, dim: Any, keepdim: bool) -> Te
     ragged = [d for d in dims if dim_kind(batch, d) == "ragged"]
     features = [values_dim(batch, d) for d in dims if d not in ragged]
     if not ragged:
-        out = torch.linalg.vector_norm(batch.packed().values, order, features, keepdim)
+        out = torch.linalg.vector_norm(batch.packed().values, order, features, keepdim,
+                                       dtype=dtype)
         moved_by = 0 if keepdim else sum(d < batch.ragged_dim for d in dims)
         return batch.with_values(out, batch.ragged_dim - moved_by)
     k = batch.num_ragged_dims
@@ -73,7 +76,8 @@ def vector_norm(batch: NestedBatch, order: float, dim: Any, keepdim: bool) -> Te
     data = padded.data
     if data.requires_grad and torch.is_grad_enabled():
         data = data.masked_fill(~expand_mask(padded.mask, data), filler)  # (no gradient there)
-    out = torch.linalg.vector_norm(data, order, [*range(1, 1 + k), *(f + k for f in features)])
+    out = torch.linalg.vector_norm(data, order, [*range(1, 1 + k), *(f + k for f in features)],
+                                   dtype=dtype)
     if keepdim:
         for d in dims:  # (ascending: each 1 lands at its logical position)
             out = out.unsqueeze(d)

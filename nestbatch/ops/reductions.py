@@ -54,6 +54,8 @@ def _dims(batch: NestedBatch, dim: Any) -> tuple[int, ...] | None:
     if dim is None:
         return None
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    if not dims:
+        return None  # (torch reads dim=() as every dim)
     return tuple(sorted({normalize_dim(batch, d) for d in dims}))
 
 
@@ -400,8 +402,12 @@ def _segment_fast_path(func: Any, args: tuple, kwargs: dict) -> Any:
     return segment_reduce(packed.values, batch, name)
 
 
-#: The reductions whose ``dtype=`` is the dtype the input is cast to first (torch's rule).
-_TAKE_DTYPE = frozenset({"sum", "nansum", "mean", "prod"})
+#: The reductions torch computes in their ``out=`` tensor's dtype (``mean`` is not one: an
+#: integer input raises, as torch's).
+_TAKE_DTYPE = frozenset({"sum", "nansum", "prod"})
+#: The reductions whose ``out=`` must have the result's dtype exactly (torch refuses another).
+_EXACT_OUT = frozenset({"amax", "amin", "argmax", "argmin", "any", "all", "max", "min",
+                        "count_nonzero"})
 
 
 @register(*torch_funcs(*_NAMES), layouts=PACKED_OR_PADDED, prefer=Layout.PACKED,
@@ -413,11 +419,11 @@ def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     dtype = kwargs.get("dtype")
     if dtype is None and out is not None and func.__name__ in _TAKE_DTYPE:
         dtype = out.dtype  # (torch computes such a reduction in its out tensor's dtype)
+    if func.__name__ == "nansum" and batch.dtype.is_complex:
+        raise RuntimeError("nansum on CPU does not support complex inputs")
     if dtype is not None and dtype != batch.dtype:
         batch = batch.to(dtype)  # torch casts the input first (sum(x, dtype=int8) wraps)
     name = "sum" if func.__name__ == "nansum" else func.__name__
-    if func.__name__ == "nansum" and batch.dtype.is_complex:
-        raise RuntimeError("nansum does not support complex inputs")
     if func.__name__ == "nansum" and batch.dtype.is_floating_point:
         # NaN counts as 0; infinities stay (nan_to_num would make them the dtype's extremes).
         values = batch.packed().values
@@ -466,6 +472,9 @@ def write_out(result: Any, out: Any, name: str) -> Any:
         raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic "
                            "differentiation, but one of the arguments requires grad.")
     check_castable(result.dtype, out.dtype)
+    if name in _EXACT_OUT and out.dtype != result.dtype:
+        raise RuntimeError(f"{name}: expected out tensor to have dtype {result.dtype}, but got "
+                           f"{out.dtype} instead")
     if out.shape != result.shape:
         if out.numel():
             warnings.warn(f"An output with one or more elements was resized since it had shape "
