@@ -1169,10 +1169,10 @@ class NestedBatch(TensorMethods):
                 # Rows not cached (the stored data needs a gradient): watched instead.
                 rows = Packed.trusted(unkept, self._partition)
                 self._watch(rows)
-        if rows is not None and rows is not self._primary \
-                and _base_of(values) is _base_of(rows.values):
-            # This batch's cached packed rows, or a view of them (a view op's result): this
-            # batch brings them up to date before the new one reads them.
+        if rows is not None and _base_of(values) is _base_of(rows.values):
+            # This batch's packed rows (cached or stored), or a view of them (a view op's
+            # result): this batch brings them up to date before the new one reads them (a
+            # write through another of its layouts reaches them at its next read).
             out._base_batch = self
         return out
 

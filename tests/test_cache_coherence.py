@@ -167,3 +167,23 @@ def test_a_view_of_a_view_sees_a_write_to_the_first_batch():
     w = b[:, :2].transpose(1, 2)
     b.padded().data[0, 0, 0] = -5
     assert w.unbind()[0].tolist() == [[-5.0, 2.0], [1.0, 3.0]]
+
+
+def test_a_view_of_stored_rows_sees_a_write_through_another_layout_of_its_batch():
+    # (The view links to its batch, which brings the write in before the view reads.)
+    batch = NestedBatch.from_offsets(torch.zeros(5, 2), torch.tensor([0, 2, 5]))
+    moved, column = batch.transpose(1, 2), batch[..., 0]
+    batch.to(Layout.PADDED).add_(1.0)
+    assert moved.unbind()[0].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert column.unbind()[1].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_list_layout_of_a_batch_that_needs_a_gradient_takes_in_place_ops():
+    # One view per sample (split's several views refuse in-place writes under autograd).
+    rows = torch.zeros(5, 2, requires_grad=True)
+    listed = NestedBatch.from_offsets(rows * 1, torch.tensor([0, 2, 5])).to(Layout.LIST)
+    listed[:, 1:] = 1.0
+    listed.add_(1.0)
+    assert [t[:, 0].tolist() for t in listed.unbind()] == [[1.0, 2.0], [1.0, 2.0, 2.0]]
+    (listed * listed).sum(1).sum().backward()
+    assert rows.grad[:, 0].tolist() == [2.0, 0.0, 2.0, 0.0, 0.0]

@@ -31,7 +31,14 @@ def packed_to_list(packed: Packed) -> TensorList:
     """
     partition = packed.partition
     feature = tuple(packed.feature_shape)
-    pieces = packed.values.split(list(partition.host_lengths))
+    values = packed.values
+    if values.requires_grad and torch.is_grad_enabled():
+        # One view per sample (narrow): autograd refuses an in-place write to one of several
+        # views one op returned (split's), which torch allows on a sample alone.
+        starts = partition.host_offsets
+        pieces = [values.narrow(0, a, b - a) for a, b in zip(starts, starts[1:])]
+    else:
+        pieces = values.split(list(partition.host_lengths))
     tensors = [
         piece.view(*shape, *feature) for piece, shape in zip(pieces, partition.host_shapes)
     ]
