@@ -130,10 +130,11 @@ class NestedBatch(TensorMethods):
         # over a conversion), brought up to date before this one reads: see _fresh.
         self._base_batch: NestedBatch | None = None
         # The rows of the last packed conversion not cached because the stored data needs a
-        # gradient (held weakly), and the conversions a view op's result or ``to(layout)``
-        # exposes since, compared and written back as cached ones are (see _watch).
+        # gradient (held weakly), and the conversions a view op's result or ``to(layout)`` holds
+        # since, each with its version counter as it was handed out: compared and written back
+        # as cached ones are (see _watch).
         self._unkept: weakref.ref | None = None
-        self._watched: dict[Any, RaggedLayout] = {}
+        self._watched: dict[int, tuple[RaggedLayout | Tensor, int]] = {}
         self._remember(layout)
 
     # ============================================================================ constructors
@@ -440,7 +441,7 @@ class NestedBatch(TensorMethods):
         In stored order: the ragged dim is first in every sample whatever :attr:`ragged_dim`
         is, and the feature dims are the other logical dims in order.
         """
-        if self._versions or self._base_batch is not None:
+        if self._versions or self._watched or self._base_batch is not None:
             self._fresh()
         cached = self._cache.get(Layout.PACKED)
         if cached is None:
@@ -476,7 +477,7 @@ class NestedBatch(TensorMethods):
             padding_side="left")``, the layout decoder-only language models batch prompts in;
             its :attr:`~nestbatch.layouts.Padded.mask` is then a suffix mask).
         """
-        if self._versions or self._base_batch is not None:
+        if self._versions or self._watched or self._base_batch is not None:
             self._fresh()
         if max_shape is not None:
             filler = 0.0 if padding_value is None else padding_value
@@ -520,7 +521,7 @@ class NestedBatch(TensorMethods):
                 f"a batch of ragged rank {self._partition.ragged_rank} has no list of tensors: "
                 "its samples are batches of their rows (unbind())"
             )
-        if self._versions or self._base_batch is not None:
+        if self._versions or self._watched or self._base_batch is not None:
             self._fresh()
         cached = self._cache.get(Layout.LIST)
         if cached is None:
@@ -571,25 +572,41 @@ class NestedBatch(TensorMethods):
             return layout  # (not stamped)
         return layout
 
-    def _watch(self, layout: RaggedLayout) -> None:
-        """Compare and write back ``layout``, a conversion not cached (the stored data needs a
-        gradient) that a view op's result or ``to(layout)`` stores, as cached ones are: its
-        writes reach the stored data (recorded by autograd, which raises for a leaf, as for a
-        view of a leaf), and packed rows are rewritten after writes to the batch."""
+    def _watch(self, held: RaggedLayout | Tensor) -> None:
+        """Compare and write back ``held``, a conversion not cached (the stored data needs a
+        gradient) that a view op's result (its packed rows) or ``to(layout)`` holds, as cached
+        ones are: its writes reach the stored data (recorded by autograd, which raises for a
+        leaf, as for a view of a leaf), and packed rows are rewritten after writes to the
+        batch. Kept until a read of the batch finds nothing else holding it
+        (:meth:`_sweep_watched`): a write through a temporary view is not lost."""
         if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
             return  # (no state kept in a traced graph; inference tensors have no counters)
-        key = ("watched", id(layout))
-        tensor = layout.values if type(layout) is Packed else \
-            layout.data if type(layout) is Padded else None
-        if tensor is None or key in self._watched:
+        tensor = held if isinstance(held, Tensor) else _single_tensor(held)
+        if tensor is None or id(tensor) in self._watched:
             return
-        primary = self._primary
-        stored = primary.values if type(primary) is Packed else \
-            primary.data if type(primary) is Padded else None
-        self._watched[key] = layout
+        stored = _single_tensor(self._primary)
         if not self._versions and stored is not None:
             self._versions[None] = (stored, stored._version)
-        self._versions[key] = (tensor, tensor._version)
+        self._watched[id(tensor)] = (held, tensor._version)
+
+    def _sweep_watched(self) -> dict[int, RaggedLayout]:
+        """The watched conversions written since they were stamped (as layouts); the others
+        nothing else holds any more are let go (nothing can write them now)."""
+        written = {}
+        for key in list(self._watched):
+            held, version = self._watched.pop(key)
+            layout = Packed.trusted(held, self._partition) if isinstance(held, Tensor) else held
+            if _single_tensor(layout)._version != version:
+                written[key] = layout
+                self._watched[key] = (held, version)
+                continue
+            del layout
+            alive = weakref.ref(held)
+            del held  # (this was the last reference unless a view or a batch holds it)
+            held = alive()
+            if held is not None:
+                self._watched[key] = (held, version)
+        return written
 
     def _needs_watching(self, layout: RaggedLayout) -> bool:
         """Whether ``layout``, just converted, was left uncached because the stored data needs a
@@ -621,38 +638,40 @@ class NestedBatch(TensorMethods):
             place since the last read: no single value is right.
         """
         base = self._base_batch
-        if base is not None and (base._versions or base._base_batch is not None):
+        if base is not None and (base._versions or base._watched or base._base_batch is not None):
             base._fresh()  # (rewrites the rows this batch views if its own data changed)
+        watched = self._sweep_watched() if self._watched else {}
         for tensor, version in self._versions.values():  # (the hot path: no frame)
             if tensor._version != version:
                 break
         else:
-            return
+            if not watched:
+                return
         if torch.compiler.is_compiling():
             return  # (a traced graph keeps no state on the batch)
         changed = [key for key, (tensor, version) in self._versions.items()
                    if tensor._version != version]
         # One write reaches every layout that views the same tensor (samples all of one length
         # make views): group them by what they view.
-        bases = {id(_base_of(self._versions[key][0])) for key in changed}
+        bases = {id(_base_of(self._versions[key][0])) for key in changed} | {
+            id(_base_of(_single_tensor(layout))) for layout in watched.values()}
         if len(bases) > 1:
             raise RuntimeError(
                 "two layouts of this batch were written in place since they were made (say its "
                 "stored data and a view op's result over a cached conversion): their values "
                 "disagree. Write through one of them, or clone() what you write into"
             )
-        written = None if None in changed else changed[0]
-        if written is not None:
-            if written in self._cache:
-                self._write_back(self._cache[written])
-            else:
-                try:
-                    self._write_back(self._watched[written])
-                except RuntimeError:
-                    # autograd refused it (a leaf that needs a gradient, written through a
-                    # view): raised once; the batch keeps its values.
-                    del self._watched[written], self._versions[written]
-                    raise
+        written = None if None in changed else changed[0] if changed else next(iter(watched))
+        if written in self._cache:
+            self._write_back(self._cache[written])
+        elif written is not None:
+            try:
+                self._write_back(watched[written])
+            except RuntimeError:
+                # autograd refused it (a leaf that needs a gradient, written through a view):
+                # raised once; the batch keeps its values.
+                del self._watched[written]
+                raise
         elif isinstance(self._primary, Padded) and self._primary.padding_value is not None:
             # Written from outside, its padding may hold anything now.
             primary = self._primary
@@ -672,13 +691,15 @@ class NestedBatch(TensorMethods):
                 if key in self._cache and self._cache[key] is not primary}
         # Watched packed rows are rewritten as cached ones; other watched layouts are let go,
         # as other cached conversions are dropped.
-        watched = {key: layout for key, layout in self._watched.items()
-                   if type(layout) is Packed or key == current}
+        watched = {key: held for key, (held, _) in self._watched.items()
+                   if isinstance(held, Tensor) or type(held) is Packed or key == current}
         self._cache.clear()
         self._versions.clear()
         self._watched = {}
         self._remember(primary)
-        stale = [layout for key, layout in (*kept.items(), *watched.items())
+        stale = [layout for key, layout in (*kept.items(), *(
+                     (key, Packed.trusted(held, self._partition) if isinstance(held, Tensor)
+                      else held) for key, held in watched.items()))
                  if type(layout) is Packed and key != current and (
                      not isinstance(primary, Padded)
                      or _base_of(layout.values) is not _base_of(primary.data))]
@@ -691,8 +712,8 @@ class NestedBatch(TensorMethods):
                     layout.values.copy_(rows)
         for key, layout in kept.items():  # (not kept where autograd recorded the write)
             self._keep(key, layout)
-        for layout in watched.values():
-            self._watch(layout)
+        for held in watched.values():
+            self._watch(held)
 
     def _write_back(self, layout: RaggedLayout) -> None:
         """Copy the values of a cached ``layout`` into the stored tensors, in place (the
@@ -932,7 +953,7 @@ class NestedBatch(TensorMethods):
         keeps_filler: bool = True,
     ) -> NestedBatch:
         """New batch whose primary layout's tensors are ``fn`` of this one's."""
-        if self._versions or self._base_batch is not None:
+        if self._versions or self._watched or self._base_batch is not None:
             self._fresh()
         layout = self._primary
         partition = partition or layout.partition
@@ -1055,7 +1076,7 @@ class NestedBatch(TensorMethods):
     def stored(self) -> tuple[Tensor, ...]:
         """The tensors the batch stores: the packed values, the padded data (padding slots
         included) or the samples, whichever layout it was built in."""
-        if self._versions or self._base_batch is not None:
+        if self._versions or self._watched or self._base_batch is not None:
             self._fresh()
         return _stored_tensors(self._primary)
 
@@ -1168,7 +1189,7 @@ class NestedBatch(TensorMethods):
             if unkept is not None and _base_of(values) is _base_of(unkept):
                 # Rows not cached (the stored data needs a gradient): watched instead.
                 rows = Packed.trusted(unkept, self._partition)
-                self._watch(rows)
+                self._watch(unkept)
         if rows is not None and _base_of(values) is _base_of(rows.values):
             # This batch's packed rows (cached or stored), or a view of them (a view op's
             # result): this batch brings them up to date before the new one reads them (a
@@ -1264,7 +1285,7 @@ class NestedBatch(TensorMethods):
 
     def __getstate__(self) -> dict:
         # Only the primary layout travels; other layouts are recomputed on demand.
-        if self._versions or self._base_batch is not None:
+        if self._versions or self._watched or self._base_batch is not None:
             self._fresh()
         return {"primary": self._primary, "ragged_dim": self._ragged_dim}
 
@@ -1305,6 +1326,12 @@ def _stored_tensors(layout: RaggedLayout) -> tuple[Tensor, ...]:
     return tuple(layout.tensors)
 
 
+def _single_tensor(layout: RaggedLayout) -> Tensor | None:
+    """The one tensor a packed or padded layout stores (None for a list of samples)."""
+    kind = type(layout)
+    return layout.values if kind is Packed else layout.data if kind is Padded else None
+
+
 def _needs_gradient(layout: RaggedLayout) -> bool:
     """Whether a tensor ``layout`` stores needs a gradient."""
     return any(t.requires_grad for t in _stored_tensors(layout))
@@ -1322,7 +1349,7 @@ def _base_of(tensor: Tensor) -> Tensor:
 def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
     """The cached layout of ``kind`` (for a padded one, whatever its filler; right-padded, the
     only padding ops read), or None."""
-    if batch._versions or batch._base_batch is not None:
+    if batch._versions or batch._watched or batch._base_batch is not None:
         batch._fresh()
     if kind is Layout.PADDED:
         return next((lay for key, lay in batch._cache.items()
@@ -1337,7 +1364,7 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
     i %= batch.batch_size
     if batch._partition.ragged_rank > 1:
         return batch._nested_sample(i)
-    if batch._versions or batch._base_batch is not None:
+    if batch._versions or batch._watched or batch._base_batch is not None:
         batch._fresh()
     layout = batch._primary
     if Layout.LIST in batch._cache:
@@ -1357,7 +1384,7 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
 def stored_layout(batch: NestedBatch) -> RaggedLayout:
     """The layout the batch was built in (the one in-place ops write into), with the writes
     made through its cached layouts (:meth:`NestedBatch._fresh`)."""
-    if batch._versions or batch._base_batch is not None:
+    if batch._versions or batch._watched or batch._base_batch is not None:
         batch._fresh()
     return batch._primary
 

@@ -3,6 +3,9 @@ per-sample torch (float64); found by an audit of the batch's autograd semantics.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,3 +197,22 @@ def test_prod_over_the_ragged_dim_has_torchs_second_derivative_at_zeros(layout):
     leaves = [s.clone().requires_grad_() for s in samples]
     assert torch.autograd.gradgradcheck(
         lambda *xs: NestedBatch.from_list(list(xs)).to(layout).prod(1), leaves)
+
+
+def test_watched_conversions_live_as_long_as_a_view_holds_them():
+    # A temporary view's write is kept to the batch's next read; a conversion nothing else
+    # holds is let go at that read (no memory kept for it).
+    batch, samples = _padded_pair()
+    weight = torch.tensor(10.0, dtype=D, requires_grad=True)
+    y = batch * 1
+    rows = [weakref.ref(y.transpose(1, 2).values) for _ in range(3)]  # (temporaries)
+    y.sum(1)
+    gc.collect()
+    assert all(r() is None for r in rows)
+    column = y[..., 0]  # (a view held across a read, written after it)
+    y.sum(1)
+    column.mul_(weight)
+    loss = (y * y).sum(1).sum()
+    loss.backward()
+    expected = sum(float((s[:, 0] ** 2).sum()) for s in samples) * 2 * 10.0
+    assert weight.grad.item() == expected
