@@ -149,7 +149,7 @@ def _sums_long_rows(values: Tensor, batch: NestedBatch) -> bool:
     """Whether a host sum of ``values`` must go by chunks: floating rows, a sample longer than
     :data:`SUM_CHUNK_ROWS` (read from the host offsets only when there are that many rows)."""
     if values.shape[0] <= SUM_CHUNK_ROWS or not values.is_cpu or isinstance(values, FakeTensor) \
-            or not (values.is_floating_point() or values.is_complex()) \
+            or not values.is_floating_point() \
             or torch.compiler.is_compiling():
         return False
     known = batch.partition.cached_max_shape

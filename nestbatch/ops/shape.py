@@ -543,13 +543,13 @@ def _expanded_feature_shape(batch: NestedBatch, size: tuple[int, ...], what: str
     return tuple(expanded)
 
 
-@register(*torch_funcs("expand_as"), layouts=(Layout.PACKED,), moved_ragged=True, nested=True)
+@register(*torch_funcs("expand_as"), layouts=(Layout.PACKED,), moved_ragged=True)
 def _expand_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``x.expand_as(other)`` with a batch on either side: a batch of ``other``'s shape.
 
     A batch ``x`` expands its size-1 feature dims (a view, as ``expand``); ``other`` must be a
-    batch of the same samples or a dense tensor of ``x``'s logical shape with 1 or the ragged
-    sizes' -1 at the ragged dims. A dense ``x`` is spread over ``other``'s samples as it
+    batch of the same samples (a dense one would give every sample one length: torch.nested
+    refuses it too). A dense ``x`` is spread over ``other``'s samples as it
     broadcasts in an elementwise op (:mod:`nestbatch.ops.broadcasting`): a view, except for a
     ``(B, 1, ...)`` tensor of one value per sample, whose rows are gathered (a copy).
     """
@@ -565,7 +565,6 @@ def _expand_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         operand = packed_operand(source, other, nf)
         return other.with_values(operand.expand(values.shape))
     if not is_batch(other):
-        # A dense target would give every sample one length: torch.nested refuses it too.
         raise TypeError(f"expand_as: other must be a NestedBatch of the batch's samples, got "
                         f"{type(other).__name__}")
     if other.ragged_dim != source.ragged_dim or other.dim() != source.dim():
