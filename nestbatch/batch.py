@@ -135,6 +135,10 @@ class NestedBatch(TensorMethods):
         # as cached ones are (see _watch).
         self._unkept: weakref.ref | None = None
         self._watched: dict[int, tuple[RaggedLayout | Tensor, int]] = {}
+        # The batches made of this one's layouts (view ops' results over its rows, to(layout)),
+        # held weakly: freshened before this one compares its own (their writes reach it).
+        self._derived: list[weakref.ref] = []
+        self._freshening = False
         self._remember(layout)
 
     # ============================================================================ constructors
@@ -441,7 +445,7 @@ class NestedBatch(TensorMethods):
         In stored order: the ragged dim is first in every sample whatever :attr:`ragged_dim`
         is, and the feature dims are the other logical dims in order.
         """
-        if self._versions or self._watched or self._base_batch is not None:
+        if self._versions or self._watched or self._derived or self._base_batch is not None:
             self._fresh()
         cached = self._cache.get(Layout.PACKED)
         if cached is None:
@@ -477,7 +481,7 @@ class NestedBatch(TensorMethods):
             padding_side="left")``, the layout decoder-only language models batch prompts in;
             its :attr:`~nestbatch.layouts.Padded.mask` is then a suffix mask).
         """
-        if self._versions or self._watched or self._base_batch is not None:
+        if self._versions or self._watched or self._derived or self._base_batch is not None:
             self._fresh()
         if max_shape is not None:
             filler = 0.0 if padding_value is None else padding_value
@@ -521,7 +525,7 @@ class NestedBatch(TensorMethods):
                 f"a batch of ragged rank {self._partition.ragged_rank} has no list of tensors: "
                 "its samples are batches of their rows (unbind())"
             )
-        if self._versions or self._watched or self._base_batch is not None:
+        if self._versions or self._watched or self._derived or self._base_batch is not None:
             self._fresh()
         cached = self._cache.get(Layout.LIST)
         if cached is None:
@@ -637,9 +641,33 @@ class NestedBatch(TensorMethods):
             When two of the batch's layouts that are not views of each other were written in
             place since the last read: no single value is right.
         """
+        if self._freshening:
+            return  # (a batch linked both ways asked back while this one is being freshened)
+        self._freshening = True
+        try:
+            self._fresh_links()
+            self._fresh_own()
+        finally:
+            self._freshening = False
+
+    def _fresh_links(self) -> None:
+        """Freshen the batches this one is linked to first: the one whose rows it views (its
+        data may have changed) and those made of its layouts (a write into one of their own
+        layouts reaches theirs, and so this one's, when they are freshened)."""
         base = self._base_batch
-        if base is not None and (base._versions or base._watched or base._base_batch is not None):
+        if base is not None and (base._versions or base._watched or base._derived
+                                 or base._base_batch is not None):
             base._fresh()  # (rewrites the rows this batch views if its own data changed)
+        if self._derived:
+            alive = [ref for ref in self._derived if ref() is not None]
+            self._derived = alive
+            for ref in alive:
+                child = ref()
+                if child is not None and (child._versions or child._watched or child._derived):
+                    child._fresh()
+
+    def _fresh_own(self) -> None:
+        """:meth:`_fresh` of this batch's own layouts (the linked ones are fresh)."""
         watched = self._sweep_watched() if self._watched else {}
         for tensor, version in self._versions.values():  # (the hot path: no frame)
             if tensor._version != version:
@@ -953,7 +981,7 @@ class NestedBatch(TensorMethods):
         keeps_filler: bool = True,
     ) -> NestedBatch:
         """New batch whose primary layout's tensors are ``fn`` of this one's."""
-        if self._versions or self._watched or self._base_batch is not None:
+        if self._versions or self._watched or self._derived or self._base_batch is not None:
             self._fresh()
         layout = self._primary
         partition = partition or layout.partition
@@ -981,9 +1009,13 @@ class NestedBatch(TensorMethods):
         if len(args) == 1 and not kwargs and isinstance(args[0], Layout):
             convert_to = {Layout.PACKED: self.packed, Layout.PADDED: self.padded}
             layout = convert_to.get(args[0], self.tensor_list)()
+            if layout is self._primary:
+                return self  # (stored so already: as Tensor.to with nothing to change)
             if self._needs_watching(layout):
                 self._watch(layout)  # (not cached: the stored data needs a gradient)
-            return NestedBatch(layout, self._ragged_dim)
+            converted = NestedBatch(layout, self._ragged_dim)
+            self._add_derived(converted)
+            return converted
         if args and isinstance(args[0], NestedBatch):  # to(other): its dtype and device
             args = (args[0].device, args[0].dtype, *args[1:])
         # copy=True, by keyword or in its place: after (dtype | tensor, non_blocking) or
@@ -1076,7 +1108,7 @@ class NestedBatch(TensorMethods):
     def stored(self) -> tuple[Tensor, ...]:
         """The tensors the batch stores: the packed values, the padded data (padding slots
         included) or the samples, whichever layout it was built in."""
-        if self._versions or self._watched or self._base_batch is not None:
+        if self._versions or self._watched or self._derived or self._base_batch is not None:
             self._fresh()
         return _stored_tensors(self._primary)
 
@@ -1195,7 +1227,14 @@ class NestedBatch(TensorMethods):
             # result): this batch brings them up to date before the new one reads them (a
             # write through another of its layouts reaches them at its next read).
             out._base_batch = self
+            self._add_derived(out)
         return out
+
+    def _add_derived(self, batch: NestedBatch) -> None:
+        """Link ``batch``, made of this one's layouts, to be freshened before this one."""
+        if len(self._derived) >= 32:  # (let the dead go before the list grows)
+            self._derived = [ref for ref in self._derived if ref() is not None]
+        self._derived.append(weakref.ref(batch))
 
     def map_values(self, fn: Callable[[Tensor], Tensor]) -> NestedBatch:
         """Apply ``fn`` to the packed values (TF ``map_flat_values``); keeps the structure."""
@@ -1285,7 +1324,7 @@ class NestedBatch(TensorMethods):
 
     def __getstate__(self) -> dict:
         # Only the primary layout travels; other layouts are recomputed on demand.
-        if self._versions or self._watched or self._base_batch is not None:
+        if self._versions or self._watched or self._derived or self._base_batch is not None:
             self._fresh()
         return {"primary": self._primary, "ragged_dim": self._ragged_dim}
 
@@ -1349,7 +1388,7 @@ def _base_of(tensor: Tensor) -> Tensor:
 def cached_layout(batch: NestedBatch, kind: Layout) -> RaggedLayout | None:
     """The cached layout of ``kind`` (for a padded one, whatever its filler; right-padded, the
     only padding ops read), or None."""
-    if batch._versions or batch._watched or batch._base_batch is not None:
+    if batch._versions or batch._watched or batch._derived or batch._base_batch is not None:
         batch._fresh()
     if kind is Layout.PADDED:
         return next((lay for key, lay in batch._cache.items()
@@ -1364,7 +1403,7 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
     i %= batch.batch_size
     if batch._partition.ragged_rank > 1:
         return batch._nested_sample(i)
-    if batch._versions or batch._watched or batch._base_batch is not None:
+    if batch._versions or batch._watched or batch._derived or batch._base_batch is not None:
         batch._fresh()
     layout = batch._primary
     if Layout.LIST in batch._cache:
@@ -1384,7 +1423,7 @@ def sample_of(batch: NestedBatch, i: int) -> Tensor:
 def stored_layout(batch: NestedBatch) -> RaggedLayout:
     """The layout the batch was built in (the one in-place ops write into), with the writes
     made through its cached layouts (:meth:`NestedBatch._fresh`)."""
-    if batch._versions or batch._watched or batch._base_batch is not None:
+    if batch._versions or batch._watched or batch._derived or batch._base_batch is not None:
         batch._fresh()
     return batch._primary
 

@@ -187,3 +187,24 @@ def test_a_list_layout_of_a_batch_that_needs_a_gradient_takes_in_place_ops():
     assert [t[:, 0].tolist() for t in listed.unbind()] == [[1.0, 2.0], [1.0, 2.0, 2.0]]
     (listed * listed).sum(1).sum().backward()
     assert rows.grad[:, 0].tolist() == [2.0, 0.0, 2.0, 0.0, 0.0]
+
+
+def test_a_write_into_a_layout_of_a_converted_batch_reaches_its_source():
+    # b.to(layout) and view ops' results are linked both ways: the source freshens them first.
+    batch = NestedBatch.from_offsets(torch.zeros(2, 2, 3, dtype=torch.float64), [0, 2])
+    converted = batch.to(Layout.PADDED)
+    converted[..., 0].add_(1.0)  # (a view over the converted batch's own packed rows)
+    batch.add_(10.0)
+    assert batch.unbind()[0][..., 0].tolist() == [[11.0, 11.0], [11.0, 11.0]]
+    moved = batch.transpose(1, 2)
+    moved.to(Layout.PADDED).add_(1.0)
+    assert batch.unbind()[0][0].tolist() == [[12.0, 11.0, 11.0], [12.0, 11.0, 11.0]]
+
+
+def test_to_the_stored_layout_is_the_batch_itself():
+    listed = NestedBatch.from_list([torch.zeros(2, 3)])
+    listed.to_padded_tensor(0.0)  # (a cached conversion)
+    assert listed.to(Layout.LIST) is listed
+    listed.to(Layout.LIST).add_(1.0)
+    assert listed.to_padded_tensor(0.0).tolist() == [[[1.0] * 3] * 2]
+    assert listed.sum(1).tolist() == [[2.0] * 3]
