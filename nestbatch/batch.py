@@ -641,8 +641,11 @@ class NestedBatch(TensorMethods):
             When two of the batch's layouts that are not views of each other were written in
             place since the last read: no single value is right.
         """
-        if self._freshening:
-            return  # (a batch linked both ways asked back while this one is being freshened)
+        if self._freshening or torch.compiler.is_compiling():
+            # (A batch linked both ways asked back while this one is being freshened; or a
+            # traced graph, which keeps no state on the batch: reading version counters there
+            # would be data-dependent.)
+            return
         self._freshening = True
         try:
             self._fresh_links()

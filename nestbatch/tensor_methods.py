@@ -70,7 +70,10 @@ def _operator(name: str, reflected: bool = False, dunder: str = "") -> Callable:
                 return NotImplemented
             other = other.item()  # a NumPy scalar (np.bool_ is no Number) or 0-d array
         if reflected:
-            if torch_reflected is not None and not isinstance(other, (Tensor, TensorMethods)):
+            if torch_reflected is not None and not isinstance(other, (Tensor, TensorMethods)) \
+                    and not torch.compiler.is_compiling():
+                # (Traced, torch's reflected operator on a batch made in the graph does not
+                # trace: the forward op on the swapped operands below does.)
                 return _call(torch_reflected, self, other)
             # other <op> self: torch's function with the operands in their real order.
             other = torch.as_tensor(other) if isinstance(other, Number) else other

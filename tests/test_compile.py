@@ -338,3 +338,40 @@ def test_inductor_on_the_cpu():
             x = _like(make, lengths, seed=i)
             torch.testing.assert_close(compiled(x), fn(x))
     assert counters["stats"]["unique_graphs"] <= 2
+
+
+def _fullgraph(fn, **kwargs):
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend="aot_eager", **kwargs)
+
+
+def test_a_batch_eager_code_converted_compiles_in_one_graph():
+    # (Its cached conversions' version stamps are not read while tracing.)
+    x = _batch()
+    x.to_padded_tensor(0.0)
+    torch.softmax(x, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(_fullgraph(lambda b: b.sum(1))(x), x.sum(1))
+
+
+def test_reflected_operators_on_a_batch_made_in_the_graph():
+    x = _batch()
+    for fn in (lambda b: 1 - torch.sigmoid(b), lambda b: 2 / (b + b), lambda b: 2 ** b.abs()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(_fullgraph(fn)(x).values, fn(x).values)
+
+
+def test_traced_sums_of_long_samples_keep_their_accuracy_and_norms_trace():
+    rows = torch.rand(100_000, 1, generator=torch.Generator().manual_seed(0))
+    exact = rows.double().sum(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = _fullgraph(lambda b: b.sum(1))(NestedBatch.from_lengths(rows, [100_000]))
+        assert abs(float(traced[0, 0]) - float(exact[0])) <= 1e-6 * float(exact[0])
+        x = _batch()
+        torch.testing.assert_close(_fullgraph(lambda b: F.normalize(b, dim=1), dynamic=True)(
+            x).values, F.normalize(x, dim=1).values)
+        torch.testing.assert_close(_fullgraph(lambda b: torch.linalg.vector_norm(
+            b, ord=float("inf"), dim=1))(x), torch.linalg.vector_norm(x, ord=float("inf"), dim=1))

@@ -7,7 +7,7 @@ that changes no norm of that order: 0 for orders >= 0 (``|0|^p`` adds nothing, a
 ``|x|`` is below 0), ``inf`` for negative orders (``|inf|^p`` adds nothing to a sum of
 negative powers, and no ``|x|`` is above it). The padding takes no gradient. As torch's, an
 ``inf`` or negative order over an empty sample raises (which reads the sizes, a sync, where
-only the device has them).
+only the device has them; not while torch.compile traces).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def vector_norm(batch: NestedBatch, order: float, dim: Any, keepdim: bool,
     if len(ragged) != k or batch.partition.ragged_rank > 1:
         raise ValueError(f"norm over ragged dim(s) {ragged} of a batch with {k} ragged dims: "
                          f"take the norm over all of them at once (dim={tuple(range(1, k + 1))})")
-    if (order < 0 or math.isinf(order)) and _has_empty_sample(batch):
+    if (order < 0 or abs(order) == math.inf) and not torch.compiler.is_compiling() \
+            and _has_empty_sample(batch):  # (a traced graph cannot raise on the sizes)
         raise RuntimeError(f"linalg.vector_norm cannot compute the {order} norm of an empty "
                            "sample (its ragged dim has size 0), as torch's")
     filler = math.inf if order < 0 else 0.0

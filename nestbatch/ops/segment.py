@@ -109,6 +109,12 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
     if reduce in ("sum", "mean") and values.requires_grad and torch.is_grad_enabled() and \
             values.is_floating_point() and _state["backend"] != "scatter":
         return SegmentSum.apply(values, batch.offsets, batch.row_ids, reduce == "mean")
+    if reduce in ("sum", "mean") and torch.compiler.is_compiling() and values.is_cpu and \
+            values.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        # A traced graph cannot read the lengths to chunk long samples (the sum below adds a
+        # sample's rows one by one): it sums in float64 instead, as accurate, and rounds once.
+        wide = segment_reduce(values.to(torch.float64), batch, reduce)
+        return wide.to(values.dtype)
     if reduce in ("sum", "mean") and _sums_long_rows(values, batch):
         out = accurate_segment_sum(values, batch.offsets)
         return out if reduce == "sum" else _over_lengths(out, batch.offsets)
@@ -148,10 +154,9 @@ SUM_CHUNK_ROWS = 256
 def _sums_long_rows(values: Tensor, batch: NestedBatch) -> bool:
     """Whether a host sum of ``values`` must go by chunks: floating rows, a sample longer than
     :data:`SUM_CHUNK_ROWS` (read from the host offsets only when there are that many rows)."""
-    if values.shape[0] <= SUM_CHUNK_ROWS or not values.is_cpu or isinstance(values, FakeTensor) \
-            or not values.is_floating_point() \
-            or torch.compiler.is_compiling():
-        return False
+    if torch.compiler.is_compiling() or isinstance(values, FakeTensor) or not values.is_cpu \
+            or values.shape[0] <= SUM_CHUNK_ROWS or not values.is_floating_point():
+        return False  # (asked first while tracing: the row count would become a guard)
     known = batch.partition.cached_max_shape
     longest = known[0] if known and batch.num_ragged_dims == 1 else int(
         batch.lengths.max()) if batch.batch_size else 0
@@ -310,8 +315,10 @@ class SegmentSum(torch.autograd.Function):
                 not torch.compiler.is_compiling():
             out = accurate_segment_sum(values, offsets)  # (long samples summed in chunks)
             return _over_lengths(out, offsets) if mean else out
-        return torch.segment_reduce(values, "mean" if mean else "sum", offsets=offsets, axis=0,
-                                    unsafe=True)
+        wide = values.is_cpu and values.dtype == torch.float32  # (traced: see segment_reduce)
+        out = torch.segment_reduce(values.double() if wide else values, "mean" if mean else "sum",
+                                   offsets=offsets, axis=0, unsafe=True)
+        return out.to(values.dtype) if wide else out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
