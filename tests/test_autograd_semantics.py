@@ -216,3 +216,14 @@ def test_watched_conversions_live_as_long_as_a_view_holds_them():
     loss.backward()
     expected = sum(float((s[:, 0] ** 2).sum()) for s in samples) * 2 * 10.0
     assert weight.grad.item() == expected
+
+
+def test_a_view_over_a_conversion_takes_two_backward_passes_as_torchs_views():
+    # (The conversion's index tensor is kept past the first backward, as a view keeps nothing.)
+    batch, samples = _padded_pair()
+    moved = batch.transpose(1, 2)
+    (moved * 2).sum(2).sum().backward()
+    (moved * 3).sum(2).sum().backward()
+    grad = batch.grad.to_padded_tensor(0.0)
+    expected = torch.nn.utils.rnn.pad_sequence([torch.full_like(s, 5.0) for s in samples], True)
+    assert torch.equal(grad, expected)

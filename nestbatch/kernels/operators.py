@@ -110,6 +110,19 @@ def _saving(*positions: int):
     return setup
 
 
+def _keeping_index(position: int):
+    """A ``setup_context`` keeping the index tensor ``inputs[position]`` as an attribute
+    (``ctx.index``) and the first input's shape (``ctx.shape``): unlike a saved tensor it
+    outlives the first ``backward()``, so a conversion's graph can be run through again as a
+    torch view's can (an index tensor is never differentiated nor written)."""
+
+    def setup(ctx, inputs, output) -> None:
+        ctx.index = inputs[position]
+        ctx.shape = inputs[0].shape
+
+    return setup
+
+
 def _contiguous_like(position: int):
     """A fake kernel: an empty contiguous tensor like the operator's input ``position``."""
     return lambda *args: torch.empty_like(args[position], memory_format=torch.contiguous_format)
@@ -135,11 +148,12 @@ def _(values: Tensor, offsets: Tensor, max_len: int, padding_value: Number) -> T
 
 
 def _packed_to_padded_backward(ctx, grad):
-    (offsets,) = ctx.saved_tensors
+    offsets = ctx.index
     return torch.ops.nestbatch.padded_to_packed(grad, offsets, ctx.shape[0]), None, None, None
 
 
-packed_to_padded_op.register_autograd(_packed_to_padded_backward, setup_context=_saving(1))
+packed_to_padded_op.register_autograd(_packed_to_padded_backward,
+                                      setup_context=_keeping_index(1))
 
 
 # ------------------------------------------------------------------------------ padded -> packed
@@ -158,11 +172,12 @@ def _(data: Tensor, offsets: Tensor, total: int) -> Tensor:
 
 
 def _padded_to_packed_backward(ctx, grad):
-    (offsets,) = ctx.saved_tensors
+    offsets = ctx.index
     return torch.ops.nestbatch.packed_to_padded(grad, offsets, ctx.shape[1], 0), None, None
 
 
-padded_to_packed_op.register_autograd(_padded_to_packed_backward, setup_context=_saving(1))
+padded_to_packed_op.register_autograd(_padded_to_packed_backward,
+                                      setup_context=_keeping_index(1))
 
 
 # --------------------------------------------------------------------------------- fill padding
