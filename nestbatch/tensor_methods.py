@@ -68,7 +68,9 @@ def _operator(name: str, reflected: bool = False, dunder: str = "") -> Callable:
                 or isinstance(other, Number)):
             if getattr(other, "ndim", None) != 0 or not hasattr(other, "item"):
                 return NotImplemented
-            other = other.item()  # a NumPy scalar (np.bool_ is no Number) or 0-d array
+            # A NumPy scalar (np.bool_ is no Number) or 0-d array: host memory, no device read
+            # (tensors, 0-d ones included, were taken above).
+            other = other.item()
         if reflected:
             if torch_reflected is not None and not isinstance(other, (Tensor, TensorMethods)) \
                     and not torch.compiler.is_compiling():

@@ -114,10 +114,10 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
         # traced graph (which cannot read the lengths to chunk them), in float64, rounded once.
         if torch.compiler.is_compiling():
             if values.dtype != torch.float64:
-                return segment_reduce(values.to(torch.float64), batch, reduce).to(values.dtype)
+                return _traced_segment_sum(values, batch.offsets, reduce == "mean")
         elif values.shape[0] > SUM_CHUNK_ROWS and _has_long_sample(values, batch):
             out = accurate_segment_sum(values, batch.offsets)
-            return out if reduce == "sum" else _over_lengths(out, batch.offsets)
+            return out if reduce == "sum" else _over_lengths(out, batch.lengths)
     backend = _state["backend"]
     if backend == "auto":
         backend = "scatter" if _scatter_is_faster(values, reduce) else "torch"
@@ -133,7 +133,7 @@ def segment_reduce(values: Tensor, batch: NestedBatch, reduce: str) -> Tensor:
             # kernel is fewer launches.)
             out = torch.segment_reduce(values, "sum", offsets=batch.offsets, axis=0,
                                        unsafe=True)
-            return _over_lengths(out, batch.offsets)
+            return _over_lengths(out, batch.lengths)
         # segment_reduce gives TF's empty results itself for sum, mean and prod.
         name = {"amax": "max", "amin": "min"}.get(reduce, reduce)
         out = torch.segment_reduce(values, name, offsets=batch.offsets, axis=0, unsafe=True)
@@ -182,10 +182,21 @@ def accurate_segment_sum(values: Tensor, offsets: Tensor) -> Tensor:
     return accurate_segment_sum(partial, torch.cat([ends.new_zeros(1), ends]))
 
 
-def _over_lengths(sums: Tensor, offsets: Tensor) -> Tensor:
-    """``sums`` ``(B, *F)`` over every sample's length (0 / 0: an empty sample's nan)."""
-    count = (offsets[1:] - offsets[:-1]).to(sums.dtype)
+def _over_lengths(sums: Tensor, lengths: Tensor) -> Tensor:
+    """``sums`` ``(B, *F)`` over every sample's length ``(B,)`` (0 / 0: an empty sample's
+    nan)."""
+    count = lengths.to(sums.dtype)
     return sums / count.view(-1, *([1] * (sums.dim() - 1)))
+
+
+def _traced_segment_sum(values: Tensor, offsets: Tensor, mean: bool) -> Tensor:
+    """The sums (or means) of every sample's rows in a traced graph, which cannot read the
+    lengths to chunk long samples: host float32 / half-precision rows summed in float64 (as
+    accurate as the chunks), rounded once."""
+    wide = values.is_cpu and values.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    out = torch.segment_reduce(values.to(torch.float64) if wide else values,
+                               "mean" if mean else "sum", offsets=offsets, axis=0, unsafe=True)
+    return out.to(values.dtype) if wide else out
 
 
 def _scatter_is_faster(values: Tensor, reduce: str) -> bool:
@@ -315,11 +326,8 @@ class SegmentSum(torch.autograd.Function):
         if values.is_cpu and not isinstance(values, FakeTensor) and \
                 not torch.compiler.is_compiling():
             out = accurate_segment_sum(values, offsets)  # (long samples summed in chunks)
-            return _over_lengths(out, offsets) if mean else out
-        wide = values.is_cpu and values.dtype == torch.float32  # (traced: see segment_reduce)
-        out = torch.segment_reduce(values.double() if wide else values, "mean" if mean else "sum",
-                                   offsets=offsets, axis=0, unsafe=True)
-        return out.to(values.dtype) if wide else out
+            return _over_lengths(out, offsets[1:] - offsets[:-1]) if mean else out
+        return _traced_segment_sum(values, offsets, mean)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:

@@ -326,7 +326,8 @@ def tile(batch: NestedBatch, reps: tuple[int, ...]) -> NestedBatch:
 def _repeat_interleave(layout: Layout, func: Any, args: tuple, kwargs: dict) -> NestedBatch:
     """``repeat_interleave`` of every sample along a feature dim (torch's on the packed rows),
     or along its ragged dim by one count (each row ``repeats`` times in place: lengths times
-    ``repeats``)."""
+    ``repeats``). A one-element ``repeats`` tensor on a device is read once there (a sync): the
+    new lengths need it on the host, as torch's output shape does."""
     batch = args[0]
     repeats = args[1] if len(args) > 1 else kwargs["repeats"]
     dim = args[2] if len(args) > 2 else kwargs.get("dim")
