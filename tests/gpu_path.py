@@ -202,14 +202,22 @@ def _cuda_device(value: Any) -> bool:
     return isinstance(value, torch.device) and value.type == "cuda"
 
 
+def _on_real_cuda(tensor: Any) -> bool:
+    """A real CUDA tensor (a CUDA build of torch only): ``torch.tensor(data, device="cuda")``
+    copies its data to the device below the dispatcher, so the lift of the result is the first
+    op the modes see of it."""
+    return (isinstance(tensor, torch.Tensor) and not isinstance(tensor, FakeTensor)
+            and tensor.device.type == "cuda")
+
+
 def _touches_cuda(args: tuple, kwargs: dict) -> bool:
     """Whether an op runs on the device: a CUDA tensor among its inputs, or a CUDA ``device=``
     (factories, host-to-device copies). Ops on host tensors are host work, not launches."""
     for value in (*args, *kwargs.values()):
         if type(value) in (list, tuple):
-            if any(_on_fake_cuda(item) for item in value):
+            if any(_on_fake_cuda(item) or _on_real_cuda(item) for item in value):
                 return True
-        elif _on_fake_cuda(value) or _cuda_device(value):
+        elif _on_fake_cuda(value) or _on_real_cuda(value) or _cuda_device(value):
             return True
     device = kwargs.get("device")
     return device is not None and torch.device(device).type == "cuda"
@@ -233,13 +241,16 @@ class _ValuesUnknown(Exception):
 
 
 def _real(value: Any) -> Any:
-    """An op argument for the real computation on the host: a fake tensor's shadow, a CUDA
-    device as the CPU."""
+    """An op argument for the real computation on the host: a fake tensor's shadow, a real
+    CUDA tensor's host copy, a CUDA device as the CPU."""
     if isinstance(value, FakeTensor):
         real = value.__dict__.get(_REAL)
         if real is None:
             raise _ValuesUnknown
         return real
+    if _on_real_cuda(value):
+        with unset_fake_temporarily():
+            return value.cpu()
     if _cuda_device(value):
         return torch.device("cpu")
     return value
@@ -302,6 +313,11 @@ class _RealValues(TorchDispatchMode):
         if _other_subclasses(types):
             return NotImplemented  # (torch.nested's tensors: they dispatch their parts here)
         kwargs = kwargs or {}
+        if func is aten.lift_fresh.default and _on_real_cuda(args[0]):
+            # torch.tensor(data, device="cuda") on a CUDA build: a fake CUDA tensor holding
+            # the data, as on a CPU-only build (a real one would leave the values of every
+            # result computed from it unknown)
+            return self._to_fake(_real(args[0]))
         if not _involves_fakes(args, kwargs):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
