@@ -456,6 +456,23 @@ RECIPES: dict[str, Recipe] = {
     "broadcast_to": lambda s, f: (lambda b: lambda: f(b, (-1, -1, 3, FEATURES)))(
         s.batch(1, FEATURES)),
     "expand_as": lambda s, f: (lambda b, w: lambda: f(w, b))(s.batch(), s.dense(FEATURES)),
+    "broadcast_tensors": lambda s, f: (lambda b, w: lambda: f(b, w))(
+        s.batch(1, FEATURES), s.dense(3, FEATURES)),
+    # channel dropouts (training: one mask over the padded data's channels) and frexp
+    "dropout1d": unary(0.5),
+    "dropout2d": lambda s, f: (lambda b: lambda: f(b, 0.5))(s.batch(2, 4)),
+    "dropout3d": lambda s, f: (lambda b: lambda: f(b, 0.5))(s.batch(2, 2, 2)),
+    "feature_dropout": unary(0.5, True),
+    "torch.feature_alpha_dropout_": unary(0.5, True),
+    "native_dropout": unary(0.5, True),
+    "frexp": unary(),
+    # new_*: a plain tensor of the batch's dtype and device
+    "new_zeros": unary((2, 3)),
+    "new_ones": unary((2, 3)),
+    "new_empty": unary((2, 3)),
+    "new_full": unary((2, 3), 1.0),
+    "new_tensor": unary([1.0, 2.0]),
+    "new_empty_strided": unary((2, 3), (3, 1)),
     "copy_": binary(),
     "tile": unary((1, 2)),
     "repeat": unary(1, 1, 2),
@@ -577,6 +594,12 @@ audit("torch.add [other partition, same sizes]",
       lambda s: (lambda a, b: lambda: a + b)(s.batch(), s.batch()), device=True)
 audit("torch.sum [feature dim]", lambda s: unary(dim=-1)(s, torch.sum), device=True)
 audit("torch.sum [all]", lambda s: unary()(s, torch.sum), device=True)
+audit("torch.argmax [all]", lambda s: unary()(s, torch.argmax), device=True)
+audit("torch.argmin [all, ragged dim moved]",
+      lambda s: (lambda b: lambda: torch.argmin(b))(s.batch().transpose(1, 2)), device=True)
+audit("F.dropout1d [ragged dim moved]",
+      lambda s: (lambda b: lambda: F.dropout1d(b, 0.5))(s.batch().transpose(1, 2)),
+      device=True)
 audit("torch.amax [empty samples]",
       lambda s: (lambda b: lambda: torch.amax(b, dim=1))(_with_empty_samples(s)), device=True)
 audit("torch.softmax [empty samples]",

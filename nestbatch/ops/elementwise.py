@@ -301,6 +301,27 @@ def _like(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return batch.with_values(func(batch.packed().values, *args[1:], **kwargs))
 
 
+@register(*(getattr(torch.Tensor, "new_" + kind) for kind in
+            ("empty", "zeros", "ones", "full", "tensor", "empty_strided")),
+          layouts=tuple(Layout), moved_ragged=True, nested=True)
+def _new_tensor(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor:
+    """``Tensor.new_zeros(size)`` and the other ``new_*`` methods: as torch's, a plain tensor of
+    the given size (or data) with the batch's dtype and device unless told otherwise (a batch's
+    own structure is made by the ``*_like`` functions)."""
+    batch = args[0]
+    probe = torch.empty(0, dtype=batch.dtype, device=batch.device)  # (allocates no bytes)
+    return func(probe, *args[1:], **kwargs)
+
+
+@register(*torch_funcs("frexp"), layouts=(Layout.PACKED,), moved_ragged=True, nested=True)
+def _frexp(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.frexp``: the mantissa and the exponent, each a batch of this structure (one op
+    on the packed values; torch's dtype checks)."""
+    batch = args[0]
+    mantissa, exponent = func(batch.packed().values, *args[1:], **kwargs)
+    return torch.return_types.frexp((batch.with_values(mantissa), batch.with_values(exponent)))
+
+
 @register(torch.clone, torch.detach, torch.Tensor.contiguous, torch.Tensor.clone,
           torch.Tensor.detach, layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED),
           moved_ragged=True, nested=True)

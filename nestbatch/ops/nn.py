@@ -29,6 +29,7 @@ from nestbatch.ops.common import (
     normalize_dim,
     replace_storage,
     values_dim,
+    wrap_padded,
 )
 from nestbatch.ops.registry import register
 from nestbatch.ops.segment import WIDENED_DTYPES, segment_reduce
@@ -37,13 +38,12 @@ _ACTIVATIONS = (
     "relu", "relu6", "elu", "selu", "celu", "leaky_relu", "gelu", "silu", "mish", "softplus",
     "softsign", "hardtanh", "hardswish", "hardsigmoid", "logsigmoid", "tanhshrink",
     "softshrink", "hardshrink", "threshold", "rrelu", "sigmoid", "tanh", "dropout",
-    "alpha_dropout", "feature_alpha_dropout",
+    "alpha_dropout",
 )
 
 
 #: The ``torch.*`` spellings of activations (without ``F``'s ``inplace`` argument).
-_TORCH_ACTIVATIONS = ("celu", "selu", "threshold", "rrelu", "dropout", "alpha_dropout",
-                      "feature_alpha_dropout")
+_TORCH_ACTIVATIONS = ("celu", "selu", "threshold", "rrelu", "dropout", "alpha_dropout")
 
 
 #: ``F``'s in-place spellings, each with the function it is with ``inplace=True``.
@@ -62,7 +62,7 @@ def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     inplace = bool(kwargs.pop("inplace", False))
     if func in _INPLACE_SPELLINGS:
         func, inplace = _INPLACE_SPELLINGS[func], True
-    if func in (F.dropout, F.alpha_dropout, F.feature_alpha_dropout) and len(args) > 3:
+    if func in (F.dropout, F.alpha_dropout) and len(args) > 3:
         inplace, args = bool(args[3]), args[:3]
     elif func in (F.relu, F.relu6, F.selu, F.silu, F.mish, F.hardswish, F.hardsigmoid,
                   F.elu, F.celu, F.leaky_relu, F.hardtanh, F.threshold) and \
@@ -82,6 +82,81 @@ def _on_values(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     # op's backward may read its input), then written into the stored layout.
     result = batch.with_values(func(batch.values.clone(), *args[1:], **kwargs))
     return replace_storage(batch, result)
+
+
+#: Dropouts that draw once per channel (dims 0 and 1 of their input) and share the draw
+#: along the dims after: ``F``'s, each with the default of its ``training`` argument, and
+#: torch's (``train`` required), the in-place ones with their out-of-place function.
+_CHANNEL_DROPOUTS = {F.dropout1d: True, F.dropout2d: True, F.dropout3d: True,
+                     F.feature_alpha_dropout: False}
+_TORCH_CHANNEL_DROPOUTS = {torch.feature_dropout: torch.feature_dropout,
+                           torch.feature_alpha_dropout: torch.feature_alpha_dropout,
+                           torch.feature_dropout_: torch.feature_dropout,
+                           torch.feature_alpha_dropout_: torch.feature_alpha_dropout}
+
+
+@register(*_CHANNEL_DROPOUTS, *_TORCH_CHANNEL_DROPOUTS, layouts=(Layout.PACKED,),
+          moved_ragged=True)
+def _channel_dropout(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``dropout1d`` / ``2d`` / ``3d``, ``feature_dropout``, ``feature_alpha_dropout``: the
+    draws torch makes for the dense tensor of the batch's shape, one per channel: one per row
+    of a sample when dim 1 is the one ragged dim (on the packed values: no padding), else (a
+    moved ragged dim, several ragged dims, or an input these functions take as unbatched,
+    whose channels are the samples) on the padded data in logical order, whose padding's draws
+    are dropped with it. torch's checks of ``p`` and of the input's dims (and its warnings)
+    run on a tensor of the batch's number of dims, also when not training."""
+    batch = args[0]
+    call, training, inplace = _channel_call(func, args[1:], kwargs)
+    if not training:
+        call(torch.empty((0,) * batch.dim(), dtype=batch.dtype, device=batch.device), False)
+        return batch
+    if batch.num_ragged_dims == 1 and batch.ragged_dim == 1 and not _samples_are_channels(
+            func, batch.dim()):
+        stored = stored_layout(batch)
+        if inplace and isinstance(stored, Packed):  # (torch's in-place kernel on the rows)
+            call(stored.values.unsqueeze(0), True)
+            after_stored_write(batch)
+            return batch
+        result = batch.with_values(call(batch.values.unsqueeze(0), False).squeeze(0))
+    else:
+        dense = call(batch.padded(0.0).data.movedim(1, batch.ragged_dim), False)
+        result = wrap_padded(dense.movedim(batch.ragged_dim, 1), batch.partition,
+                             batch.ragged_dim)
+    return replace_storage(batch, result) if inplace else result
+
+
+def _channel_call(func: Any, rest: tuple, kwargs: dict) -> tuple[Any, bool, bool]:
+    """``call(dense, in_place)``, the channel dropout's call on a dense tensor; whether it
+    trains; and whether it was asked in place."""
+    if func in _CHANNEL_DROPOUTS:
+        given = dict(zip(("p", "training", "inplace"), rest), **kwargs)
+        inplace = bool(given.pop("inplace", False))
+        training = bool(given.get("training", _CHANNEL_DROPOUTS[func]))
+        return lambda dense, in_place: func(dense, inplace=in_place, **given), training, inplace
+    train = rest[1] if len(rest) > 1 else kwargs.get("train")
+    out_of_place = _TORCH_CHANNEL_DROPOUTS[func]
+    in_place_func = getattr(torch, out_of_place.__name__ + "_")
+
+    def call(dense: Tensor, in_place: bool) -> Tensor:
+        return (in_place_func if in_place else out_of_place)(dense, *rest, **kwargs)
+
+    return call, bool(train), func is not out_of_place
+
+
+def _samples_are_channels(func: Any, dims: int) -> bool:
+    """Whether ``func`` takes an input of ``dims`` dims as one unbatched sample, whose dim 0
+    (here: the samples) holds the channels: ``dropout1d`` of 2 dims, ``dropout3d`` of other
+    than 5 (torch's rule)."""
+    return (func is F.dropout1d and dims == 2) or (func is F.dropout3d and dims != 5)
+
+
+@register(torch.native_dropout, layouts=(Layout.PACKED,), moved_ragged=True)
+def _native_dropout(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.native_dropout``: the output and the keep-mask, each a batch of this structure
+    (one draw per element: on the packed values)."""
+    batch = args[0]
+    output, mask = func(batch.values, *args[1:], **kwargs)
+    return batch.with_values(output), batch.with_values(mask)
 
 
 @register(F.prelu, layouts=(Layout.PACKED,), moved_ragged=True)

@@ -9,6 +9,7 @@ level of a nested batch reduces in :mod:`nestbatch.ops.levels`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -218,7 +219,8 @@ def reduce(layout: Layout, batch: NestedBatch, name: str, dims: tuple[int, ...] 
         extra["dtype"] = dtype
     if dims is None:
         if name in ("argmax", "argmin"):
-            raise ValueError(f"{name} over every dim of a NestedBatch has no index; give dim")
+            out = _flat_arg(batch, func)
+            return out.reshape((1,) * batch.dim()) if keepdim else out
         values = batch.packed().values
         out = func(values, **extra) if name != "logsumexp" else func(values.flatten(), 0)
         return out.reshape((1,) * batch.dim()) if keepdim else out  # (every dim kept as 1)
@@ -316,6 +318,39 @@ def _logsumexp_rows_and_features(batch: NestedBatch, values: Tensor,
     exps = (values - shift[batch.row_ids]).exp().sum(features, keepdim=True)
     out = segment_reduce(exps, batch, "sum").log() + shift
     return out if keepdim else out.squeeze(features)
+
+
+def _flat_arg(batch: NestedBatch, func: Any) -> Tensor:
+    """``argmax`` / ``argmin`` over every dim (torch.nested's): the index into the samples
+    flattened one after another, each in its logical order (``torch.cat([s.flatten() for s in
+    batch.unbind()])``), of the first extreme (NaN counting as one, as torch's). 0-d int64.
+
+    With the ragged dim in place, that order is the packed values' own; with it moved, each
+    element's logical index is computed and the smallest among the extremes taken."""
+    values = batch.packed().values
+    if batch.ragged_dim == 1 or values.numel() == 0:  # (torch's error for no element)
+        return func(values)
+    extreme = (torch.amax if func is torch.argmax else torch.amin)(values)
+    hits = (values == extreme) | (values.isnan() & extreme.isnan())
+    logical = _logical_flat_index(batch, values.shape)
+    return torch.where(hits, logical, logical.numel()).amin()
+
+
+def _logical_flat_index(batch: NestedBatch, shape: torch.Size) -> Tensor:
+    """``(total, *feature)`` int64: the index of every packed element in the samples flattened
+    one after another in logical order (one ragged dim, moved to ``batch.ragged_dim``)."""
+    partition = batch.partition
+    features = shape[1:]
+    before = batch.ragged_dim - 1  # (feature dims logically before the ragged dim)
+    outer_size, inner_size = math.prod(features[:before]), math.prod(features[before:])
+    device, rows = batch.device, (-1, *[1] * len(features))
+    outer = torch.arange(outer_size, device=device).view(*features[:before],
+                                                          *[1] * len(features[before:]))
+    inner = torch.arange(inner_size, device=device).view(features[before:])
+    lengths = partition.lengths[partition.row_ids].view(rows)
+    start = (partition.offsets[:-1][partition.row_ids] * outer_size * inner_size).view(rows)
+    position = partition.positions.view(rows)
+    return start + outer * (lengths * inner_size) + position * inner_size + inner
 
 
 def _across_samples(batch: NestedBatch, func: Any, name: str, dims: tuple[int, ...],

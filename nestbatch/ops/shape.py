@@ -545,6 +545,38 @@ def _expanded_feature_shape(batch: NestedBatch, size: tuple[int, ...], what: str
     return tuple(expanded)
 
 
+@register(torch.broadcast_tensors, layouts=(Layout.PACKED,), moved_ragged=True)
+def _broadcast_tensors(layout: Layout, func: Any, args: tuple, kwargs: dict) -> tuple:
+    """``torch.broadcast_tensors`` with batches among the tensors: each as the common shape,
+    a view where torch's is one. Batches (of the same samples) expand their size-1 feature
+    dims (:func:`_expand`), dense tensors spread over the samples as in an elementwise op
+    (``expand_as``: a view, except a ``(B, 1, ...)`` tensor of one value per sample, whose
+    rows are gathered)."""
+    if kwargs:
+        raise TypeError(f"broadcast_tensors() got unexpected keyword arguments {sorted(kwargs)}")
+    batches = [t for t in args if is_batch(t)]
+    ref = batches[0]
+    for other in batches[1:]:
+        check_same_structure(ref, other, "broadcast_tensors")
+    ragged = range(ref.ragged_dim, ref.ragged_dim + ref.num_ragged_dims)
+    # The ragged dims stand as size 1 among the shapes: a dense tensor spreads over them.
+    shapes = [tuple(1 if d in ragged else t.size(d) for d in range(t.dim())) if is_batch(t)
+              else tuple(t.shape) for t in args]
+    try:
+        common = torch.broadcast_shapes(*shapes)
+    except RuntimeError as error:
+        raise ValueError(f"broadcast_tensors: shapes {[tuple(t.shape) for t in args]} do not "
+                         f"broadcast: {error}") from None
+    size = tuple(-1 if d in ragged else n for d, n in enumerate(common))
+    target = ref.expand(size) if len(size) == ref.dim() else None
+    if target is None or any(common[d] != 1 for d in ragged):
+        raise ValueError(
+            f"broadcast_tensors: shapes {[tuple(t.shape) for t in args]} would give the batch "
+            f"more dims or a ragged dim a size ({common}): a batch keeps its dims and its "
+            "samples' sizes")
+    return tuple(t.expand(size) if is_batch(t) else t.expand_as(target) for t in args)
+
+
 @register(*torch_funcs("expand_as"), layouts=(Layout.PACKED,), moved_ragged=True)
 def _expand_as(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``x.expand_as(other)`` with a batch on either side: a batch of ``other``'s shape.
