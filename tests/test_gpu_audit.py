@@ -466,6 +466,9 @@ RECIPES: dict[str, Recipe] = {
     "torch.feature_alpha_dropout_": unary(0.5, True),
     "native_dropout": unary(0.5, True),
     "frexp": unary(),
+    "softmin": unary(dim=1),
+    "cosine_similarity": binary(dim=-1),
+    "pairwise_distance": binary(),
     # new_*: a plain tensor of the batch's dtype and device
     "new_zeros": unary((2, 3)),
     "new_ones": unary((2, 3)),
@@ -597,6 +600,9 @@ audit("torch.sum [all]", lambda s: unary()(s, torch.sum), device=True)
 audit("torch.argmax [all]", lambda s: unary()(s, torch.argmax), device=True)
 audit("torch.argmin [all, ragged dim moved]",
       lambda s: (lambda b: lambda: torch.argmin(b))(s.batch().transpose(1, 2)), device=True)
+audit("torch.cosine_similarity [ragged dim]",
+      lambda s: (lambda b: lambda: torch.cosine_similarity(b, b, dim=1))(s.batch()),
+      device=True)
 audit("F.dropout1d [ragged dim moved]",
       lambda s: (lambda b: lambda: F.dropout1d(b, 0.5))(s.batch().transpose(1, 2)),
       device=True)

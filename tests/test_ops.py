@@ -367,3 +367,17 @@ def test_gradcheck_sdpa():
         return F.scaled_dot_product_attention(x, x, x).values
 
     assert torch.autograd.gradcheck(fn, (q,))
+
+
+@pytest.mark.parametrize("layout", (Layout.PACKED, Layout.PADDED))
+def test_softmin_is_torchs_per_sample(layout):
+    samples = [torch.randn(2, 3), torch.randn(4, 3), torch.randn(0, 3)]
+    batch = NestedBatch.from_list(samples).to(layout)
+    for dim in (1, 2, -1):
+        got = F.softmin(batch, dim=dim)
+        for sample, expected in zip(got.unbind(), samples):
+            assert torch.equal(sample, F.softmin(expected, dim=dim - 1 if dim > 0 else dim))
+    assert F.softmin(batch, 1, dtype=torch.float64).dtype == torch.float64
+    assert torch.nn.Softmin(dim=1)(batch).shape == batch.shape
+    with pytest.raises(ValueError, match="explicit dim"):
+        F.softmin(batch)

@@ -212,6 +212,68 @@ def _normalize(batch: NestedBatch, dim: Any, p: float = 2.0, eps: float = 1e-12,
     return batch / torch.linalg.vector_norm(batch, p, dim, keepdim=True).clamp_min(eps)
 
 
+@register(torch.cosine_similarity, layouts=(Layout.PACKED,), moved_ragged=True)
+def _cosine_similarity(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``F.cosine_similarity(x1, x2, dim=1, eps=1e-8)`` as torch composes it: the operands
+    broadcast, each over its 2-norm along ``dim`` (clamped below at ``eps`` outside autograd),
+    the product summed along ``dim`` — over a feature dim a batch, over the ragged dim one
+    value per sample (``(B, *feature)``)."""
+    x1, x2, dim, eps = _bound(args, kwargs, ("x1", "x2", "dim", "eps"), (1, 1e-8))
+    batch = x1 if isinstance(x1, NestedBatch) else x2
+    moved = batch.ragged_dim
+    if moved != 1 and isinstance(dim, int) and normalize_dim(batch, dim) == moved:
+        # Over a moved ragged dim: the norms (one per sample and feature) broadcast back over
+        # the samples only with the ragged dim at dim 1, so the operands go there and the
+        # result's dims back (dense operands of fewer dims span dims after it: unmoved).
+        there = [x.transpose(1, moved) if x.dim() == batch.dim() else x for x in (x1, x2)]
+        return _cosine_similarity(layout, func, (*there, 1, eps), {}).movedim(moved - 1, 1)
+    common = torch.result_type(x1, x2)
+    if not common.is_floating_point:
+        raise RuntimeError(
+            f"expected common dtype to be floating point, yet common dtype is {common}")
+    # (integers and bools are cast, as torch's: vector_norm takes neither)
+    x1, x2 = (x if x.dtype.is_floating_point or x.dtype.is_complex else x.to(common)
+              for x in (x1, x2))
+    x1, x2 = torch.broadcast_tensors(x1, x2)
+    # Cloned, then clamped in place outside autograd: torch's (the norm's backward reads it)
+    norms = [torch.linalg.vector_norm(x, 2, dim=dim, keepdim=True).clone() for x in (x1, x2)]
+    with torch.no_grad():
+        for norm in norms:
+            norm.clamp_min_(eps)
+    return ((x1 / norms[0]) * (x2 / norms[1])).sum(dim)
+
+
+@register(F.pairwise_distance, torch.pairwise_distance, layouts=(Layout.PACKED,),
+          moved_ragged=True)
+def _pairwise_distance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``F.pairwise_distance(x1, x2, p=2, eps=1e-6, keepdim=False)`` as torch composes it:
+    the ``p``-norm of ``x1 - x2 + eps`` along the last dim of the two (a batch over feature
+    dims; one value per sample when the last dim is ragged)."""
+    x1, x2, p, eps, keepdim = _bound(args, kwargs, ("x1", "x2", "p", "eps", "keepdim"),
+                                     (2.0, 1e-6, False))
+    last = max(x1.dim(), x2.dim()) - 1
+    return torch.norm(x1 - x2 + eps, p, last, keepdim)
+
+
+def _bound(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) -> list:
+    """``names``' values from a call's arguments, the trailing ones defaulting to
+    ``defaults``; a TypeError for an unknown keyword, as Python's."""
+    unknown = set(kwargs) - set(names)
+    if unknown:
+        raise TypeError(f"got unexpected keyword arguments {sorted(unknown)}")
+    required = len(names) - len(defaults)
+    values = [*args, *[kwargs.get(n, _MISSING) for n in names[len(args):]]]
+    for i, value in enumerate(values):
+        if value is _MISSING:
+            if i < required:
+                raise TypeError(f"missing required argument {names[i]!r}")
+            values[i] = defaults[i - required]
+    return values
+
+
+_MISSING = object()
+
+
 @register(F.linear, layouts=(Layout.PACKED,), moved_ragged=True)
 def _linear(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``F.linear`` / ``nn.Linear`` on the packed values ``(total, *feature, in)``."""

@@ -609,6 +609,17 @@ def _log_softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return _softmax_call(layout, args, kwargs, log=True)
 
 
+@register(F.softmin, layouts=PACKED_OR_PADDED, prefer=Layout.PACKED, moved_ragged=True)
+def _softmin(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``F.softmin``: as torch computes it, the softmax of the negated batch."""
+    batch = args[0]
+    dim = _arg(args, kwargs, 1, "dim")
+    if dim is None:
+        raise ValueError("softmin on a NestedBatch needs an explicit dim")
+    dtype = _arg(args, kwargs, 3, "dtype")
+    return softmax(layout, -batch, normalize_dim(batch, dim), dtype=dtype)
+
+
 def _softmax_call(layout: Layout, args: tuple, kwargs: dict, *, log: bool) -> Any:
     batch = args[0]
     dim = _arg(args, kwargs, 1, "dim")
