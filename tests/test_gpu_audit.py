@@ -247,6 +247,9 @@ def _names_of(namespace: Any, prefix: str) -> dict[int, str]:
 _NAMESPACES = [(torch, "torch"), (torch.Tensor, "Tensor"), (F, "F"),
                (torch.special, "torch.special"), (torch.autograd, "torch.autograd"),
                (torch.nested, "torch.nested"), (torch.linalg, "torch.linalg")]
+#: Where the C functions that torch's Python wrappers call live (``atleast_3d`` of a list, the
+#: pools): their names, for functions no namespace above holds.
+_C_NAMESPACES = [(torch._C._VariableFunctions, "torch._VF"), (torch._C._nn, "torch._C._nn")]
 
 
 def qualified_name(func: Callable) -> str:
@@ -256,7 +259,7 @@ def qualified_name(func: Callable) -> str:
     for namespace, prefix in _NAMESPACES:
         if own and getattr(namespace, own, None) is func:
             return f"{prefix}.{own}"
-    for namespace, prefix in _NAMESPACES:
+    for namespace, prefix in (*_NAMESPACES, *_C_NAMESPACES):
         name = _names_of(namespace, prefix).get(id(func))
         if name is not None:
             return name
@@ -466,6 +469,16 @@ RECIPES: dict[str, Recipe] = {
     "torch.feature_alpha_dropout_": unary(0.5, True),
     "native_dropout": unary(0.5, True),
     "frexp": unary(),
+    # scans along the ragged dim; in place along a feature dim, torch's op on the stored rows
+    # (along the ragged dim the result is copied into them: one launch more than out of place)
+    **{name: unary(dim=1) for name in ("cumsum", "cumprod", "logcumsumexp", "cummax",
+                                       "cummin")},
+    "cumsum_": unary(dim=-1),
+    "cumprod_": unary(dim=-1),
+    # torch.cat of the tensors given at least so many dims
+    **{name: lambda s, f: (lambda a, b: lambda: f([a, b]))(s.batch(), s.batch())
+       for name in ("hstack", "vstack", "row_stack", "dstack", "column_stack")},
+    **{name: unary() for name in ("atleast_1d", "atleast_2d", "atleast_3d")},
     "softmin": unary(dim=1),
     "cosine_similarity": binary(dim=-1),
     "pairwise_distance": binary(),

@@ -255,3 +255,30 @@ def test_new_methods_make_plain_tensors_of_the_batchs_dtype_and_device(layout):
         assert got.stride() == expected.stride()
         if name != "new_empty" and name != "new_empty_strided":
             assert torch.equal(got, expected)
+
+
+# ------------------------------------------------------- hstack / vstack / dstack, atleast_*d
+def test_stacks_are_torch_cat_of_the_tensors_made_at_least_so_many_dims():
+    sa = [torch.randn(2, 3), torch.randn(1, 3), torch.randn(0, 3)]
+    sb = [torch.randn(4, 3), torch.randn(2, 3), torch.randn(1, 3)]
+    a, b = nestbatch.nested(sa), nestbatch.nested(sb)
+    for func in (torch.hstack, torch.column_stack):  # along the ragged dim: per sample
+        for got, x, y in zip(func([a, b]).unbind(), sa, sb):
+            assert torch.equal(got, torch.cat([x, y]))
+    for func in (torch.vstack, torch.row_stack):  # along the batch dim: the samples in turn
+        assert [t.tolist() for t in func([a, b]).unbind()] == [s.tolist() for s in sa + sb]
+    for got, x in zip(torch.dstack([a, a]).unbind(), sa):
+        assert torch.equal(got, torch.cat([x, x], 1))
+    flat = [torch.randn(2), torch.randn(3)]
+    for got, x in zip(torch.dstack([nestbatch.nested(flat)] * 2).unbind(), flat):
+        assert torch.equal(got, torch.stack([x, x], 1))  # ((B, j) batches gain a last dim)
+
+
+def test_atleast_nd_as_torch():
+    flat = nestbatch.nested([torch.randn(2), torch.randn(3)])
+    assert torch.atleast_1d(flat) is flat and torch.atleast_2d(flat) is flat
+    assert torch.atleast_3d(flat).shape == (2, flat.size(1), 1)
+    one, dense = torch.atleast_3d(flat, torch.tensor(1.0))
+    assert one.shape == (2, flat.size(1), 1) and dense.shape == (1, 1, 1)
+    listed = torch.atleast_3d([flat])
+    assert type(listed) is tuple and listed[0].shape == (2, flat.size(1), 1)

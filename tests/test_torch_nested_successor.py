@@ -122,7 +122,8 @@ def test_as_nested_tensor_keeps_the_autograd_history():
 # ------------------------------------------------------------------------ RuntimeError
 @pytest.mark.parametrize("call, kind, dtype", [
     (lambda b: torch.softmax(b, dim=0), NestedValueError, torch.float32),
-    (lambda b: torch.cumsum(b, 0), NestedTypeError, torch.float32),
+    (lambda b: torch.cumsum(b, 0), NestedValueError, torch.float32),
+    (lambda b: torch.kron(b, b), NestedTypeError, torch.float32),
     (lambda b: b.sum(dim=7), NestedIndexError, torch.float32),
     (lambda b: b.to_padded_tensor(2**40), NestedValueError, torch.int32),
 ])

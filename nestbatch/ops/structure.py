@@ -115,6 +115,51 @@ def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     return ref.with_values(torch.cat(values, values_dim(ref, dim)))
 
 
+#: torch's ``atleast_*d`` functions (the Python ones, and the C ones they hand a sequence to),
+#: with the number of dims each gives.
+_AT_LEAST = {**{getattr(torch, f"atleast_{n}d"): n for n in (1, 2, 3)},
+             **{getattr(torch._C._VariableFunctions, f"atleast_{n}d"): n for n in (1, 2, 3)}}
+
+
+@register(*_AT_LEAST, layouts=(Layout.PACKED,), moved_ragged=True, nested=True)
+def _atleast(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``torch.atleast_1d`` / ``2d`` / ``3d``: a batch has at least 2 dims, so only
+    ``atleast_3d`` of a ``(B, j)`` batch changes it, to ``(B, j, 1)`` (torch's ``(M, N) ->
+    (M, N, 1)``); several tensors (or one sequence of them) give a tuple, as torch's."""
+    items = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
+    wanted = _AT_LEAST[func]
+    made = tuple(_at_least(t, wanted) if is_batch(t) else _dense_at_least(t, wanted)
+                 for t in items)
+    return made[0] if len(args) == 1 and not isinstance(args[0], (list, tuple)) else made
+
+
+def _at_least(batch: NestedBatch, dims: int) -> NestedBatch:
+    return batch.unsqueeze(-1) if batch.dim() < dims else batch
+
+
+#: The ``torch.*stack`` functions on sequences: the dim they concatenate along and the least
+#: number of dims they first give every tensor (torch's ``atleast_*d``).
+_STACKS = {torch.hstack: (1, 1), torch.vstack: (0, 2), torch.row_stack: (0, 2),
+           torch.dstack: (2, 3), torch.column_stack: (1, 2)}
+
+
+@register(*_STACKS, layouts=(Layout.PACKED,), moved_ragged=True, nested=True)
+def _stacks(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``hstack`` / ``column_stack`` (along dim 1: the ragged dim, each sample the
+    concatenation of the tensors' samples), ``vstack`` / ``row_stack`` (dim 0: the samples of
+    every tensor in turn), ``dstack`` (dim 2): ``torch.cat`` of the tensors given at least
+    that many dims, as torch's (a batch has at least 2: only ``dstack`` of ``(B, j)``
+    batches adds one)."""
+    items = args[0] if args else kwargs["tensors"]
+    dim, least = _STACKS[func]
+    made = [_at_least(t, least) if is_batch(t) else _dense_at_least(t, least) for t in items]
+    return torch.cat(made, dim)
+
+
+def _dense_at_least(tensor: Tensor, dims: int) -> Tensor:
+    return (torch.atleast_1d, torch.atleast_2d, torch.atleast_3d)[dims - 1](tensor)
+
+
 def cat_samples(batches: list[NestedBatch]) -> NestedBatch:
     """The samples of every batch, in order (TF ``concat`` axis=0); keeps their ragged dim."""
     rd = check_same_ragged_dim(batches, "cat along dim 0")
