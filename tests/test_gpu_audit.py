@@ -469,6 +469,15 @@ RECIPES: dict[str, Recipe] = {
     "torch.feature_alpha_dropout_": unary(0.5, True),
     "native_dropout": unary(0.5, True),
     "frexp": unary(),
+    # elementwise losses (torch.nn.functional), on the packed rows
+    **{name: binary() for name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+                                   "binary_cross_entropy_with_logits", "poisson_nll_loss",
+                                   "soft_margin_loss", "hinge_embedding_loss")},
+    "binary_cross_entropy": lambda s, f: (lambda p: lambda: f(p, s.like(p).sigmoid()))(
+        s.batch().sigmoid()),  # (torch checks the values are in [0, 1])
+    "kl_div": binary(reduction="batchmean"),
+    "gaussian_nll_loss": binary(1.0),  # (a float var; a tensor var: the entry below)
+    "margin_ranking_loss": ternary(),
     # scans along the ragged dim; in place along a feature dim, torch's op on the stored rows
     # (along the ragged dim the result is copied into them: one launch more than out of place)
     **{name: unary(dim=1) for name in ("cumsum", "cumprod", "logcumsumexp", "cummax",
@@ -613,6 +622,11 @@ audit("torch.sum [all]", lambda s: unary()(s, torch.sum), device=True)
 audit("torch.argmax [all]", lambda s: unary()(s, torch.argmax), device=True)
 audit("torch.argmin [all, ragged dim moved]",
       lambda s: (lambda b: lambda: torch.argmin(b))(s.batch().transpose(1, 2)), device=True)
+audit("F.gaussian_nll_loss [tensor var]", lambda s: (lambda b: lambda: F.gaussian_nll_loss(
+    b, s.like(b), s.like(b).abs()))(s.batch()), device=True)
+EXCEPTIONS["F.gaussian_nll_loss [tensor var]"] = (
+    "torch's own check that var holds no negative entry (torch.any(var < 0)) reads the device "
+    "once, as for a dense tensor")
 audit("torch.cosine_similarity [ragged dim]",
       lambda s: (lambda b: lambda: torch.cosine_similarity(b, b, dim=1))(s.batch()),
       device=True)

@@ -13,6 +13,7 @@ from nestbatch.ops import (  # noqa: F401  (imported for their registrations)
     comparison,
     elementwise,
     interop,
+    losses,
     matmul,
     nn,
     norms,
