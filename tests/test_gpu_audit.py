@@ -214,6 +214,8 @@ _AUTOGRAD = ("needs requires_grad=True, and autograd aborts the process on fake 
 
 #: Public names and registered functions not audited here, and why.
 NOT_AUDITED: dict[str, str] = {
+    "torch.msort": "sorts along dim 0, the batch: refused (a ValueError) before any launch",
+    "Tensor.msort": "sorts along dim 0, the batch: refused (a ValueError) before any launch",
     "nb.Layout": "an enum of the layout kinds: no tensor, nothing to launch",
     "nb.INDEX_FILLER": "a constant (the padded slots of an index batch): nothing to call",
     "nb.torch_nested": "a module: its functions are audited as torch_nested.*",
@@ -484,6 +486,13 @@ RECIPES: dict[str, Recipe] = {
                                        "cummin")},
     "cumsum_": unary(dim=-1),
     "cumprod_": unary(dim=-1),
+    # ordering along the ragged dim (flip / roll: the samples' order too)
+    **{name: unary(dim=1) for name in ("sort", "argsort", "diff")},
+    **{name: unary(1, dim=1) for name in ("topk", "kthvalue")},
+    "flip": unary((0, 1)),
+    "roll": unary((1, 2), (0, 1)),
+    "fliplr": unary(),
+    "flipud": unary(),
     # torch.cat of the tensors given at least so many dims
     **{name: lambda s, f: (lambda a, b: lambda: f([a, b]))(s.batch(), s.batch())
        for name in ("hstack", "vstack", "row_stack", "dstack", "column_stack")},

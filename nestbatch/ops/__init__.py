@@ -17,6 +17,7 @@ from nestbatch.ops import (  # noqa: F401  (imported for their registrations)
     matmul,
     nn,
     norms,
+    ordering,
     reductions,
     scans,
     shape,
