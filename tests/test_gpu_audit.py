@@ -384,7 +384,29 @@ _BINARY_BOOL = ("bitwise_and", "bitwise_or", "bitwise_xor", "__and__", "__or__",
 _REFLECTED = ("__radd__", "__rsub__", "__rmul__", "__rtruediv__", "__rdiv__", "__rfloordiv__",
               "__rmod__", "__rpow__")
 
+def _over_ragged_dim(n: int, weight: tuple[int, ...] | None, *args: Any) -> Recipe:
+    """A convolution / pooling over the ragged dim: samples ``(L_i, C, *rest)`` presented as
+    ``(C, L_i, *rest)`` (``transpose(1, 2)``); ``weight``: a convolution's weight shape."""
+    def make(s: Inputs, f: Callable) -> Callable[[], Any]:
+        b = s.batch(*((FEATURES,) if n == 1 else (2,) + (3,) * (n - 1))).transpose(1, 2)
+        if weight is None:
+            return lambda: f(b, *args)
+        w = s.dense(*weight)
+        return lambda: f(b, w, None, *args)
+
+    return make
+
+
+_CONV_CHANNELS = {1: FEATURES, 2: 2, 3: 2}
+
 RECIPES: dict[str, Recipe] = {
+    **{f"conv{n}d": _over_ragged_dim(n, (3, _CONV_CHANNELS[n], 1, *(2,) * (n - 1)), 1, 1)
+       for n in (1, 2, 3)},
+    **{f"conv_transpose{n}d": _over_ragged_dim(n, (_CONV_CHANNELS[n], 3, 1, *(2,) * (n - 1)),
+                                               2, 0, 1) for n in (1, 2, 3)},
+    **{name: _over_ragged_dim(int(name[8]), None, 2, 1, 1) for name in (
+        *(f"max_pool{n}d{suffix}" for n in (1, 2, 3) for suffix in ("", "_with_indices")),
+        *(f"avg_pool{n}d" for n in (1, 2, 3)))},
     **{name: unary() for name in _UNARY_FLOAT},
     **{name: binary() for name in _BINARY_FLOAT},
     **{name: binary(dtype=torch.bool) for name in _BINARY_BOOL},
@@ -636,6 +658,10 @@ audit("F.gaussian_nll_loss [tensor var]", lambda s: (lambda b: lambda: F.gaussia
 EXCEPTIONS["F.gaussian_nll_loss [tensor var]"] = (
     "torch's own check that var holds no negative entry (torch.any(var < 0)) reads the device "
     "once, as for a dense tensor")
+audit("torch.conv1d [ragged dim first: samples (n_i, C, L)]", lambda s: (
+    lambda b, w: lambda: torch.conv1d(b, w))(s.batch(3, 5), s.dense(2, 3, 2)), device=True)
+audit("F.max_pool1d [ragged channels: samples (n_i, L)]",
+      lambda s: (lambda b: lambda: F.max_pool1d(b, 2))(s.batch(5)), device=True)
 audit("torch.cosine_similarity [ragged dim]",
       lambda s: (lambda b: lambda: torch.cosine_similarity(b, b, dim=1))(s.batch()),
       device=True)

@@ -11,6 +11,7 @@ from nestbatch.ops import (  # noqa: F401  (imported for their registrations)
     attention,
     autograd,
     comparison,
+    convolution,
     elementwise,
     interop,
     losses,

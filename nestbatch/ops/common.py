@@ -10,7 +10,7 @@ through it (:func:`dim_kind`, :func:`values_dim`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -55,6 +55,46 @@ def torch_funcs(*names: str, functional: bool = False) -> tuple[Callable, ...]:
             if callable(func) and func not in found:
                 found.append(func)
     return tuple(found)
+
+
+def argument(args: tuple, kwargs: dict, pos: int, name: str, default: Any = None) -> Any:
+    """A torch function's argument given at position ``pos`` or as keyword ``name``."""
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name, default)
+
+
+#: :func:`bind_arguments`' mark of a parameter without a default.
+REQUIRED = object()
+
+
+def bind_arguments(name: str, spec: Sequence[tuple[str, Any]], args: tuple, kwargs: dict
+                   ) -> dict[str, Any]:
+    """The parameters ``spec`` (``(name, default)`` pairs in order; default
+    :data:`REQUIRED` for none) of a call by name, in ``spec``'s order, defaults filled in, as
+    Python binds them.
+
+    Raises
+    ------
+    TypeError
+        For too many positional arguments, an unknown or repeated keyword, or a missing
+        required parameter (the function ``name`` in the message).
+    """
+    if len(args) > len(spec):
+        raise TypeError(f"{name} takes at most {len(spec)} positional arguments, got "
+                        f"{len(args)}")
+    bound = {key: value for (key, _), value in zip(spec, args)}
+    known = dict(spec)
+    for key, value in kwargs.items():
+        if key not in known or key in bound:
+            raise TypeError(f"{name} got an unexpected or repeated argument {key!r}")
+        bound[key] = value
+    for key, default in spec:
+        if key not in bound:
+            if default is REQUIRED:
+                raise TypeError(f"{name} is missing its argument {key!r}")
+            bound[key] = default
+    return {key: bound[key] for key, _ in spec}  # (in the parameters' order)
 
 
 def normalize_dim(batch: NestedBatch, dim: object, name: str = "dim") -> int:

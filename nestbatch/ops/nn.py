@@ -24,6 +24,8 @@ from torch import Tensor
 from nestbatch.batch import NestedBatch, after_stored_write, moved_ragged_error, stored_layout
 from nestbatch.layouts import Layout, Packed
 from nestbatch.ops.common import (
+    REQUIRED,
+    bind_arguments,
     dim_kind,
     feature_values_dim,
     normalize_dim,
@@ -218,7 +220,9 @@ def _cosine_similarity(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
     broadcast, each over its 2-norm along ``dim`` (clamped below at ``eps`` outside autograd),
     the product summed along ``dim`` — over a feature dim a batch, over the ragged dim one
     value per sample (``(B, *feature)``)."""
-    x1, x2, dim, eps = _bound(args, kwargs, ("x1", "x2", "dim", "eps"), (1, 1e-8))
+    x1, x2, dim, eps = bind_arguments(
+        "cosine_similarity", (("x1", REQUIRED), ("x2", REQUIRED), ("dim", 1), ("eps", 1e-8)),
+        args, kwargs).values()
     batch = x1 if isinstance(x1, NestedBatch) else x2
     moved = batch.ragged_dim
     if moved != 1 and isinstance(dim, int) and normalize_dim(batch, dim) == moved:
@@ -249,29 +253,13 @@ def _pairwise_distance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
     """``F.pairwise_distance(x1, x2, p=2, eps=1e-6, keepdim=False)`` as torch composes it:
     the ``p``-norm of ``x1 - x2 + eps`` along the last dim of the two (a batch over feature
     dims; one value per sample when the last dim is ragged)."""
-    x1, x2, p, eps, keepdim = _bound(args, kwargs, ("x1", "x2", "p", "eps", "keepdim"),
-                                     (2.0, 1e-6, False))
+    x1, x2, p, eps, keepdim = bind_arguments(
+        "pairwise_distance", (("x1", REQUIRED), ("x2", REQUIRED), ("p", 2.0), ("eps", 1e-6),
+                              ("keepdim", False)), args, kwargs).values()
     last = max(x1.dim(), x2.dim()) - 1
     return torch.norm(x1 - x2 + eps, p, last, keepdim)
 
 
-def _bound(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) -> list:
-    """``names``' values from a call's arguments, the trailing ones defaulting to
-    ``defaults``; a TypeError for an unknown keyword, as Python's."""
-    unknown = set(kwargs) - set(names)
-    if unknown:
-        raise TypeError(f"got unexpected keyword arguments {sorted(unknown)}")
-    required = len(names) - len(defaults)
-    values = [*args, *[kwargs.get(n, _MISSING) for n in names[len(args):]]]
-    for i, value in enumerate(values):
-        if value is _MISSING:
-            if i < required:
-                raise TypeError(f"missing required argument {names[i]!r}")
-            values[i] = defaults[i - required]
-    return values
-
-
-_MISSING = object()
 
 
 @register(F.linear, layouts=(Layout.PACKED,), moved_ragged=True)

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from nestbatch.batch import NestedBatch, moved_ragged_error, storage_dim
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition
-from nestbatch.ops.common import PACKED_OR_PADDED, normalize_dim, torch_funcs, wrap_padded
+from nestbatch.ops.common import PACKED_OR_PADDED, argument, normalize_dim, torch_funcs, wrap_padded
 from nestbatch.ops.registry import register
 
 _PACKED = (Layout.PACKED,)
@@ -60,11 +60,6 @@ _SELECTABLE = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.flo
 
 
 # =========================================================================== arguments
-def _arg(args: tuple, kwargs: dict, pos: int, name: str, default: Any = None) -> Any:
-    if len(args) > pos:
-        return args[pos]
-    return kwargs.get(name, default)
-
 
 def _int_arg(value: Any, op: str, name: str) -> int:
     """``value`` as an int; torch's ``TypeError`` for a bool or a non-integer
@@ -226,8 +221,8 @@ def stable_order(batch: NestedBatch, descending: bool) -> tuple[Tensor, Tensor]:
 def _sorted(layout: Layout, batch: NestedBatch, args: tuple, kwargs: dict, op: str
             ) -> tuple[NestedBatch, NestedBatch]:
     """``batch`` sorted along ``sort``'s / ``argsort``'s dim, and the indices."""
-    dim = normalize_dim(batch, _arg(args, kwargs, 1, "dim", -1))
-    descending = bool(_arg(args, kwargs, 2, "descending", False))
+    dim = normalize_dim(batch, argument(args, kwargs, 1, "dim", -1))
+    descending = bool(argument(args, kwargs, 2, "descending", False))
     kind, stored = storage_dim(batch, dim)
     if kind == "batch":
         raise _across_samples(op)
@@ -338,12 +333,12 @@ def _selection_args(batch: NestedBatch, dim: Any, op: str, k: Any
 def _topk(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``topk(input, k, dim=-1, largest=True, sorted=True)``."""
     batch = args[0]
-    dim, kind, stored, k = _selection_args(batch, _arg(args, kwargs, 2, "dim"), "topk",
-                                           _arg(args, kwargs, 1, "k"))
-    largest = bool(_arg(args, kwargs, 3, "largest", True))
+    dim, kind, stored, k = _selection_args(batch, argument(args, kwargs, 2, "dim"), "topk",
+                                           argument(args, kwargs, 1, "k"))
+    largest = bool(argument(args, kwargs, 3, "largest", True))
     if kind == "feature":
         out = torch.topk(batch.packed().values, k, stored, largest,
-                         bool(_arg(args, kwargs, 4, "sorted", True)))
+                         bool(argument(args, kwargs, 4, "sorted", True)))
         return torch.return_types.topk((batch.with_values(out.values),
                                         batch.with_values(out.indices)))
     _check_k(batch, stored - 1, dim, "topk", k)
@@ -381,9 +376,9 @@ def _logical(batch: NestedBatch, dense: Tensor) -> Tensor:
 def _kthvalue(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``kthvalue(input, k, dim=-1, keepdim=False)``: the ``k``-th smallest along ``dim``."""
     batch = args[0]
-    dim, kind, stored, k = _selection_args(batch, _arg(args, kwargs, 2, "dim"), "kthvalue",
-                                           _arg(args, kwargs, 1, "k"))
-    keepdim = bool(_arg(args, kwargs, 3, "keepdim", False))
+    dim, kind, stored, k = _selection_args(batch, argument(args, kwargs, 2, "dim"), "kthvalue",
+                                           argument(args, kwargs, 1, "k"))
+    keepdim = bool(argument(args, kwargs, 3, "keepdim", False))
     if kind == "feature":
         out = torch.kthvalue(batch.packed().values, k, stored, keepdim)
         ragged_dim = batch.ragged_dim - (not keepdim and dim < batch.ragged_dim)
@@ -518,8 +513,8 @@ def _misaligned(shifts: int, dims: int) -> RuntimeError:
 def _roll(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``roll(input, shifts, dims=None)``."""
     batch = args[0]
-    shifts = _int_tuple(_arg(args, kwargs, 1, "shifts"), "roll", "shifts")
-    dims = _arg(args, kwargs, 2, "dims")
+    shifts = _int_tuple(argument(args, kwargs, 1, "shifts"), "roll", "shifts")
+    dims = argument(args, kwargs, 2, "dims")
     if not shifts:
         raise RuntimeError("`shifts` required")
     if dims is None:
@@ -589,14 +584,14 @@ def _diff(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     are checked and ignored, as torch's.
     """
     batch = args[0]
-    n = _int_arg(_arg(args, kwargs, 1, "n", 1), "diff", "n")
-    dim = normalize_dim(batch, _arg(args, kwargs, 2, "dim", -1))
+    n = _int_arg(argument(args, kwargs, 1, "n", 1), "diff", "n")
+    dim = normalize_dim(batch, argument(args, kwargs, 2, "dim", -1))
     if n < 0:
         raise RuntimeError(f"order must be non-negative but got {n}")
     kind, stored = storage_dim(batch, dim)
     if kind == "batch":
         raise _across_samples("diff")
-    ends = (_arg(args, kwargs, 3, "prepend"), _arg(args, kwargs, 4, "append"))
+    ends = (argument(args, kwargs, 3, "prepend"), argument(args, kwargs, 4, "append"))
     joined = batch
     if ends != (None, None):
         joined = torch.cat([x for x in (ends[0], batch, ends[1]) if x is not None], dim)

@@ -22,6 +22,7 @@ from nestbatch.checks import check_castable, ragged_out_error
 from nestbatch.layouts import Layout
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
+    argument,
     dim_kind,
     fill_value_for,
     normalize_dim,
@@ -44,11 +45,6 @@ from nestbatch.ops.segment import (
 _COMPOSABLE = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "count_nonzero", "any", "all"}
 _SECOND_STAGE = {"count_nonzero": "sum"}  # how a feature stage continues a ragged stage
 
-
-def _arg(args: tuple, kwargs: dict, pos: int, name: str, default: Any = None) -> Any:
-    if len(args) > pos:
-        return args[pos]
-    return kwargs.get(name, default)
 
 
 def _dims(batch: NestedBatch, dim: Any) -> tuple[int, ...] | None:
@@ -475,8 +471,8 @@ def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if dtype is not None and dtype != batch.dtype:
         batch = batch.to(dtype)  # torch casts the input first (sum(x, dtype=int8) wraps)
     name = "sum" if func.__name__ == "nansum" else func.__name__
-    dims = _dims(batch, _arg(args, kwargs, 1, "dim", kwargs.get("axis")))
-    keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
+    dims = _dims(batch, argument(args, kwargs, 1, "dim", kwargs.get("axis")))
+    keepdim = bool(argument(args, kwargs, 2, "keepdim", False))
     result = reduce(layout, batch, name, dims, keepdim, dtype)
     if rounded_to is not None:
         result = result.to(rounded_to)
@@ -487,10 +483,10 @@ def _reduction(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
           moved_ragged=True, out=True)
 def _variance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
-    dims = _dims(batch, _arg(args, kwargs, 1, "dim"))
-    unbiased = _arg(args, kwargs, 2, "unbiased")
+    dims = _dims(batch, argument(args, kwargs, 1, "dim"))
+    unbiased = argument(args, kwargs, 2, "unbiased")
     correction = kwargs.get("correction", 0 if unbiased is False else 1)
-    keepdim = bool(_arg(args, kwargs, 3, "keepdim", False))
+    keepdim = bool(argument(args, kwargs, 3, "keepdim", False))
     if batch.dtype.is_complex:
         # torch's: the variances of the real and imaginary parts, each in the real dtype (so
         # each rounded, and overflowing, as torch's), added; then the root.
@@ -551,7 +547,7 @@ def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         out = kwargs["out"]
         kept = {key: v for key, v in kwargs.items() if key != "out"}
         return write_out(_max_min(layout, func, args, kept), out, func.__name__)
-    other = _arg(args, kwargs, 1, "dim", kwargs.get("other"))
+    other = argument(args, kwargs, 1, "dim", kwargs.get("other"))
     name = func.__name__
     if other is None:
         return func(batch.values)
@@ -559,7 +555,7 @@ def _max_min(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         pair = torch.maximum if name == "max" else torch.minimum
         return elementwise(Layout.PACKED, pair, (batch, other), {})
     dims = _dims(batch, other)
-    keepdim = bool(_arg(args, kwargs, 2, "keepdim", False))
+    keepdim = bool(argument(args, kwargs, 2, "keepdim", False))
     result_type = torch.return_types.max if name == "max" else torch.return_types.min
     kind = dim_kind(batch, dims[0])
     if kind == "feature":  # torch's own op on the rows: its values, indices and gradient
@@ -613,16 +609,16 @@ def _log_softmax(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 def _softmin(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``F.softmin``: as torch computes it, the softmax of the negated batch."""
     batch = args[0]
-    dim = _arg(args, kwargs, 1, "dim")
+    dim = argument(args, kwargs, 1, "dim")
     if dim is None:
         raise ValueError("softmin on a NestedBatch needs an explicit dim")
-    dtype = _arg(args, kwargs, 3, "dtype")
+    dtype = argument(args, kwargs, 3, "dtype")
     return softmax(layout, -batch, normalize_dim(batch, dim), dtype=dtype)
 
 
 def _softmax_call(layout: Layout, args: tuple, kwargs: dict, *, log: bool) -> Any:
     batch = args[0]
-    dim = _arg(args, kwargs, 1, "dim")
+    dim = argument(args, kwargs, 1, "dim")
     if dim is None:
         raise ValueError("softmax on a NestedBatch needs an explicit dim")
     dim = normalize_dim(batch, dim)
