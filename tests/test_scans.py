@@ -394,10 +394,12 @@ def test_errors(name):
         func(batch)
     with pytest.raises(TypeError, match="one dim"):
         getattr(batch, name)(1, dim=1)
-    with pytest.raises(TypeError, match="unexpected keyword"):
+    # (torch < 2.13's argument parser refuses an unknown keyword before the batch sees it)
+    unexpected = "unexpected keyword|invalid combination of arguments"
+    with pytest.raises(TypeError, match=unexpected):
         func(batch, 1, keepdim=True)
     if name not in ("cumsum", "cumprod"):
-        with pytest.raises(TypeError, match="unexpected keyword"):
+        with pytest.raises(TypeError, match=unexpected):
             func(batch, 1, dtype=torch.float64)
     for error in (NestedValueError, NestedIndexError, NestedTypeError):
         assert issubclass(error, RuntimeError)  # (every error of a torch function on a batch)
