@@ -493,6 +493,10 @@ RECIPES: dict[str, Recipe] = {
     "torch.feature_alpha_dropout_": unary(0.5, True),
     "native_dropout": unary(0.5, True),
     "frexp": unary(),
+    # index_put: (sample, position) pairs given on the host
+    **{name: lambda s, f: (lambda b, i, j: lambda: f(b, (i, j), torch.tensor(1.0)))(
+        s.batch(), torch.tensor([0, s.B - 1]), torch.tensor([0, -1]))
+       for name in ("index_put", "index_put_")},
     # elementwise losses (torch.nn.functional), on the packed rows
     **{name: binary() for name in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
                                    "binary_cross_entropy_with_logits", "poisson_nll_loss",
@@ -716,6 +720,16 @@ audit("Tensor.__getitem__ [b[host indices]]",
 audit("Tensor.__getitem__ [b[device indices]]",
       lambda s: (lambda b, i: lambda: b[i])(s.batch(), torch.tensor([0, s.B - 1], device="cuda")),
       device=True)
+audit("Tensor.__getitem__ [b[host samples, host positions]]",
+      lambda s: (lambda b, i, j: lambda: b[i, j])(s.batch(), torch.tensor([0, s.B - 1]),
+                                                   torch.tensor([0, -1])))
+audit("Tensor.__getitem__ [b[device samples, device positions]]",
+      lambda s: (lambda b, i, j: lambda: b[i, j])(
+          s.batch(), torch.tensor([0, s.B - 1], device="cuda"),
+          torch.tensor([0, -1], device="cuda")), device=True)
+EXCEPTIONS["Tensor.__getitem__ [b[device samples, device positions]]"] = (
+    "every (sample, position) pair is checked against its sample's size on the device: one "
+    "read of the check's flag (the CUDA kernels would otherwise assert on the device)")
 audit("Tensor.__getitem__ [b[i]]", lambda s: (lambda b: lambda: b[1])(s.batch()), device=True)
 audit("Tensor.__getitem__ [b[1:3]]", lambda s: (lambda b: lambda: b[1:3])(s.batch()),
       device=True)

@@ -40,7 +40,7 @@ from nestbatch.checks import check_batch_indices, read_device_values
 from nestbatch.conversions.packed_padded import packed_values_to_padded
 from nestbatch.kernels import torch_impl
 from nestbatch.layouts import Layout, Packed, Padded, RowPartition, TensorList
-from nestbatch.ops.common import replace_storage
+from nestbatch.ops.common import REQUIRED, bind_arguments, replace_storage
 from nestbatch.ops.registry import register
 
 
@@ -58,9 +58,30 @@ def _setitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> None:
     setitem(args[0], args[1], args[2])
 
 
-def setitem(batch: NestedBatch, index: Any, value: Any) -> None:
+@register(torch.Tensor.index_put_, torch.index_put_, torch.Tensor.index_put, torch.index_put,
+          layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED), moved_ragged=True, nested=True)
+def _index_put(layout: Layout, func: Any, args: tuple, kwargs: dict) -> NestedBatch:
+    """``index_put_(indices, values, accumulate=False)`` (and the out-of-place
+    ``index_put``): ``batch[indices] = values``, or ``+=`` with ``accumulate`` (every
+    duplicate index adding its value, as torch's), for the indices ``batch[indices]`` reads."""
+    batch, indices, values, accumulate = bind_arguments(
+        func.__name__, (("input", REQUIRED), ("indices", REQUIRED), ("values", REQUIRED),
+                        ("accumulate", False)), args, kwargs).values()
+    if not isinstance(indices, (tuple, list)):
+        raise TypeError(f"{func.__name__}(): indices must be a tuple of tensors, got "
+                        f"{type(indices).__name__}")
+    target = batch if func.__name__.endswith("_") else batch.clone()
+    # (a bool batch alone is a mask, as batch[mask] reads it)
+    index = indices[0] if len(indices) == 1 and isinstance(indices[0], NestedBatch) \
+        else tuple(indices)
+    setitem(target, index, values, accumulate=bool(accumulate))
+    return target
+
+
+def setitem(batch: NestedBatch, index: Any, value: Any, *, accumulate: bool = False) -> None:
     """``batch[index] = value``: writes, in place, the elements ``batch[index]`` reads, as
-    torch's assignment does on every sample.
+    torch's assignment does on every sample (with ``accumulate``, adds ``value`` to them, as
+    ``index_put_(..., accumulate=True)``: every duplicate index adds).
 
     ``value`` broadcasts against ``batch[index]`` as ``copy_`` broadcasts (a number, a tensor,
     or a batch of the same samples as ``batch[index]``) and is cast to the batch's dtype. A bool
@@ -82,7 +103,11 @@ def setitem(batch: NestedBatch, index: Any, value: Any) -> None:
             )
         # A 0-d tensor of the batch's dtype: cast as torch's assignment casts (1e6 in a half
         # batch is inf, which masked_fill_ of the number refuses).
-        batch.masked_fill_(index, _as_tensor(value).reshape(()).to(batch.dtype))
+        fill = _as_tensor(value).reshape(()).to(batch.dtype)
+        if accumulate:
+            batch.add_(torch.where(index, fill, torch.zeros((), dtype=batch.dtype)))
+        else:
+            batch.masked_fill_(index, fill)
         return
     stored = stored_layout(batch)
     rows = batch.packed().values
@@ -96,11 +121,11 @@ def setitem(batch: NestedBatch, index: Any, value: Any) -> None:
     if isinstance(chosen, NestedBatch):
         chosen, written = chosen.packed().values, written.packed().values
     if isinstance(stored, Packed) and rows.is_contiguous():
-        rows.view(-1).index_put_((chosen.reshape(-1),), written.reshape(-1))
+        rows.view(-1).index_put_((chosen.reshape(-1),), written.reshape(-1), accumulate)
         after_stored_write(batch)
         return
     rows = rows.clone(memory_format=torch.contiguous_format)
-    rows.view(-1).index_put_((chosen.reshape(-1),), written.reshape(-1))
+    rows.view(-1).index_put_((chosen.reshape(-1),), written.reshape(-1), accumulate)
     replace_storage(batch, batch.with_values(rows))
 
 
@@ -126,6 +151,9 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     if not index:  # batch[()]: the batch itself, as a tensor's x[()] is a view of all of it
         return batch
     head, rest = index[0], index[1:]
+    if rest and _is_index_array(head) and _is_index_array(rest[0]) and batch.ragged_dim == 1 \
+            and batch.num_ragged_dims == 1 and batch.partition.ragged_rank == 1:
+        return paired_elements(batch, head, rest[0], rest[1:])
     if _is_integer(head):
         i = operator.index(head)
         return sample_of(batch, i)[rest] if rest else sample_of(batch, i)
@@ -155,6 +183,63 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
 
 
 _ALL = slice(None)
+
+
+def _is_index_array(entry: Any) -> bool:
+    """An integer tensor of at least one dim, or a list of ints: an advanced index."""
+    if isinstance(entry, Tensor):
+        return entry.dim() > 0 and not (entry.is_floating_point() or entry.is_complex()
+                                        or entry.dtype in (torch.bool, torch.uint8))
+    return type(entry) is list and all(type(i) is int for i in entry)
+
+
+def paired_elements(batch: NestedBatch, samples: Any, positions: Any, features: tuple
+                    ) -> Tensor:
+    """``batch[samples, positions, *features]``: torch's advanced indexing with integer
+    indices at the batch dim and the ragged dim, which pair up (broadcast together to a shape
+    ``S``) to name elements, as torch.nested's ``index_put``. A dense ``(*S, *feature)``
+    tensor (``features``, basic indices, then index the feature dims).
+
+    Negative indices count from the end of the batch and of each sample, as torch on every
+    sample. Every pair is checked: an index outside the batch or outside its sample raises
+    ``IndexError``. Host indices of a batch whose sizes the host knows are checked there (no
+    sync; the rows found are copied to the device once); else the check reads its flag from
+    the device (one sync), as the CUDA kernels would otherwise assert on the device.
+    """
+    partition = batch.partition
+    # Host indices and host sizes are checked, and the rows found, on the host (no sync; one
+    # copy of the rows); else on the batch's device.
+    on_host = partition.knows_host_shapes and not any(
+        isinstance(i, Tensor) and not i.is_cpu for i in (samples, positions))
+    device = torch.device("cpu") if on_host else batch.device
+    samples, positions = torch.broadcast_tensors(
+        *(torch.as_tensor(i, device=device, dtype=None if isinstance(i, Tensor) else torch.int64)
+          for i in (samples, positions)))
+    size = batch.batch_size
+    lengths = torch.tensor(partition.host_lengths) if on_host else partition.lengths
+    offsets = torch.tensor(partition.host_offsets) if on_host else partition.offsets
+    sample_out = (samples < -size) | (samples >= size)
+    given, samples = samples, samples.remainder(size) if size else samples
+    length = lengths[samples.masked_fill(sample_out, 0)] if size else samples
+    position_out = sample_out | (positions < -length) | (positions >= length)
+    if samples.numel() and read_device_values(position_out.any().reshape(1))[0]:
+        _raise_outside(given, positions, length, sample_out, size)
+    rows = offsets[samples] + torch.where(positions < 0, positions + length, positions)
+    elements = batch.packed().values[rows.reshape(-1).to(batch.device)].view(*rows.shape, *batch.feature_shape)
+    return elements[(_ALL,) * rows.dim() + tuple(features)] if features else elements
+
+
+def _raise_outside(samples: Tensor, positions: Tensor, length: Tensor, sample_out: Tensor,
+                   size: int) -> None:
+    """The ``IndexError`` torch raises for the first index outside the batch or its sample."""
+    first = int((sample_out | (positions < -length) | (positions >= length))
+                .reshape(-1).nonzero()[0])  # (the error path reads more, to name it)
+    if bool(sample_out.reshape(-1)[first]):
+        raise IndexError(f"index {int(samples.reshape(-1)[first])} is out of bounds for "
+                         f"dimension 0 with size {size}")
+    raise IndexError(
+        f"index {int(positions.reshape(-1)[first])} is out of bounds for dimension 1 with "
+        f"size {int(length.reshape(-1)[first])} (sample {int(samples.reshape(-1)[first])})")
 
 
 def _getitem_moved(batch: NestedBatch, head: Any, rest: tuple) -> NestedBatch:
