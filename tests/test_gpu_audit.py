@@ -493,6 +493,8 @@ RECIPES: dict[str, Recipe] = {
     "torch.feature_alpha_dropout_": unary(0.5, True),
     "native_dropout": unary(0.5, True),
     "frexp": unary(),
+    "batch_norm": lambda s, f: (lambda b: lambda: f(b, None, None, training=True))(
+        s.batch().transpose(1, 2)),  # (channels at dim 1, the ragged length after them)
     # index_put: (sample, position) pairs given on the host
     **{name: lambda s, f: (lambda b, i, j: lambda: f(b, (i, j), torch.tensor(1.0)))(
         s.batch(), torch.tensor([0, s.B - 1]), torch.tensor([0, -1]))

@@ -262,6 +262,22 @@ def _pairwise_distance(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
 
 
 
+@register(F.batch_norm, layouts=(Layout.PACKED,), moved_ragged=True)
+def _batch_norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``F.batch_norm`` (``nn.BatchNorm1d`` / ``2d`` / ``3d``) of a batch whose dim 1 holds the
+    channels and whose ragged dim is a spatial one (``(B, C, j)``, from ``x.transpose(1, 2)`` of
+    a ``(B, j, C)`` batch): torch's batch norm of the packed rows ``(total, C, ...)``, so every
+    channel's statistics (and the running ones, with their count) are over every element of
+    every sample, padding excluded, as torch's of all the samples' elements together."""
+    batch = args[0]
+    if batch.num_ragged_dims != 1 or batch.ragged_dim < 2:
+        raise ValueError(
+            f"batch_norm of a NestedBatch of shape {tuple(batch.shape)}: its dim 1 (the "
+            "channels) must be a feature dim and its one ragged dim a spatial dim after it; "
+            "for (B, j, C) samples, normalize x.transpose(1, 2) (or the packed rows .values)")
+    return batch.with_values(func(batch.values, *args[1:], **kwargs))
+
+
 @register(F.linear, layouts=(Layout.PACKED,), moved_ragged=True)
 def _linear(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``F.linear`` / ``nn.Linear`` on the packed values ``(total, *feature, in)``."""
