@@ -61,3 +61,56 @@ def test_batch_norm_gradient_and_refusal():
     assert torch.autograd.gradcheck(normed, (values, weight))
     with pytest.raises(ValueError, match="channels"):
         torch.nn.BatchNorm1d(2).double()(nestbatch.nested(samples))  # (dim 1 ragged)
+
+
+@pytest.mark.parametrize("layout", (Layout.PACKED, Layout.PADDED))
+@pytest.mark.parametrize("func, kwargs", [
+    (F.group_norm, {"num_groups": 2}), (F.group_norm, {"num_groups": 4}),
+    (F.instance_norm, {}),
+])
+def test_group_and_instance_norm_normalize_every_sample_as_torch(layout, func, kwargs):
+    samples = _samples([5, 2, 7], 4, 3)  # (L_i, C, W) stored, presented (C, L_i, W)
+    batch = NestedBatch.from_list(samples).to(layout).transpose(1, 2)
+    weight, bias = torch.rand(4, dtype=torch.float64), torch.rand(4, dtype=torch.float64)
+    got = func(batch, weight=weight, bias=bias, **kwargs)
+    for sample, expected in zip(got.unbind(), samples):
+        torch.testing.assert_close(
+            sample, func(expected.transpose(0, 1).unsqueeze(0), weight=weight, bias=bias,
+                         **kwargs)[0])
+
+
+def test_instance_norm_running_statistics_as_torchs():
+    samples = _samples([5, 5, 5], 4)
+    batch = nestbatch.nested(samples).transpose(1, 2)
+    dense = torch.stack([s.T for s in samples])
+    ours = torch.nn.InstanceNorm1d(4, track_running_stats=True).double()
+    theirs = torch.nn.InstanceNorm1d(4, track_running_stats=True).double()
+    torch.testing.assert_close(torch.stack(ours(batch).unbind()), theirs(dense))
+    torch.testing.assert_close(ours.running_mean, theirs.running_mean)
+    torch.testing.assert_close(ours.running_var, theirs.running_var)
+    ours.eval()
+    theirs.eval()
+    torch.testing.assert_close(torch.stack(ours(batch).unbind()), theirs(dense))
+    # samples of different lengths: each one's mean and unbiased variance, averaged
+    ragged = _samples([5, 2, 7], 4, seed=1)
+    mean, var = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    F.instance_norm(nestbatch.nested(ragged).transpose(1, 2), mean, var, momentum=0.5)
+    torch.testing.assert_close(mean, 0.5 * torch.stack([s.mean(0) for s in ragged]).mean(0))
+    torch.testing.assert_close(
+        var, 0.5 + 0.5 * torch.stack([s.var(0) for s in ragged]).mean(0))
+
+
+def test_a_sample_too_small_raises_as_torch_and_gradients_flow():
+    one = nestbatch.nested([torch.randn(1, 4), torch.randn(3, 4)]).transpose(1, 2)
+    with pytest.raises(ValueError, match="more than 1 spatial element"):
+        F.instance_norm(one)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        F.group_norm(nestbatch.nested([torch.randn(1, 1), torch.randn(3, 1)]).transpose(1, 2), 1)
+    with pytest.raises(RuntimeError, match="divisible by num_groups"):
+        F.group_norm(one, 3)
+    with pytest.raises(ValueError, match="channels"):
+        F.group_norm(nestbatch.nested([torch.randn(3, 4)]), 2)
+    values = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
+    for func, extra in ((F.group_norm, (2,)), (F.instance_norm, ())):
+        assert torch.autograd.gradcheck(lambda v, f=func, e=extra: f(
+            NestedBatch.from_lengths(v, [4, 3]).transpose(1, 2), *e).values, (values,))

@@ -495,6 +495,9 @@ RECIPES: dict[str, Recipe] = {
     "frexp": unary(),
     "batch_norm": lambda s, f: (lambda b: lambda: f(b, None, None, training=True))(
         s.batch().transpose(1, 2)),  # (channels at dim 1, the ragged length after them)
+    # (two spatial elements a row: a sample of one row is normalized, not refused)
+    "instance_norm": lambda s, f: (lambda b: lambda: f(b))(s.batch(FEATURES, 2).transpose(1, 2)),
+    "group_norm": lambda s, f: (lambda b: lambda: f(b, 2))(s.batch().transpose(1, 2)),
     # index_put: (sample, position) pairs given on the host
     **{name: lambda s, f: (lambda b, i, j: lambda: f(b, (i, j), torch.tensor(1.0)))(
         s.batch(), torch.tensor([0, s.B - 1]), torch.tensor([0, -1]))

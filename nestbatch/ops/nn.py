@@ -21,10 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nestbatch.batch import NestedBatch, after_stored_write, moved_ragged_error, stored_layout
+from nestbatch.batch import (
+    NestedBatch,
+    after_stored_write,
+    moved_ragged_error,
+    stored_layout,
+    with_ragged_dim,
+)
 from nestbatch.layouts import Layout, Packed
 from nestbatch.ops.common import (
     REQUIRED,
+    argument,
     bind_arguments,
     dim_kind,
     feature_values_dim,
@@ -276,6 +283,112 @@ def _batch_norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
             "channels) must be a feature dim and its one ragged dim a spatial dim after it; "
             "for (B, j, C) samples, normalize x.transpose(1, 2) (or the packed rows .values)")
     return batch.with_values(func(batch.values, *args[1:], **kwargs))
+
+
+@register(F.instance_norm, F.group_norm, layouts=(Layout.PACKED,), moved_ragged=True)
+def _per_sample_norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
+    """``F.instance_norm`` / ``F.group_norm`` (their ``nn`` modules too) of a batch with the
+    channels at dim 1 and a ragged spatial dim (``(B, C, j)``): every sample normalized over
+    its own elements, per channel / per group of channels, as torch normalizes each sample
+    (biased variance, ``eps`` inside the root, then the per-channel affine). Composed of the
+    batch's reductions over its ragged and feature dims, so the last bits can differ from
+    torch's fused kernel. ``instance_norm``'s running statistics are updated as torch's: the
+    mean over the samples of each one's mean and unbiased variance (of its own count)."""
+    batch = args[0]
+    if batch.num_ragged_dims != 1 or batch.ragged_dim < 2:
+        raise ValueError(
+            f"{func.__name__} of a NestedBatch of shape {tuple(batch.shape)}: its dim 1 (the "
+            "channels) must be a feature dim and its one ragged dim a spatial dim after it; "
+            "for (B, j, C) samples, normalize x.transpose(1, 2)")
+    rows = with_ragged_dim(batch, 1)  # (B, j, C, *rest): the stored order, channels a feature
+    _check_sample_counts(func, rows, args, kwargs)
+    if func is F.group_norm:
+        _, groups, weight, bias, eps = bind_arguments(
+            "group_norm", (("input", REQUIRED), ("num_groups", REQUIRED), ("weight", None),
+                           ("bias", None), ("eps", 1e-5)), args, kwargs).values()
+        normalized = _normalized_groups(rows, groups, eps, None)
+    else:
+        _, mean, var, weight, bias, use_input_stats, momentum, eps = bind_arguments(
+            "instance_norm", (("input", REQUIRED), ("running_mean", None),
+                              ("running_var", None), ("weight", None), ("bias", None),
+                              ("use_input_stats", True), ("momentum", 0.1), ("eps", 1e-5)),
+            args, kwargs).values()
+        if use_input_stats:
+            normalized = _normalized_groups(rows, rows.size(2), eps, (mean, var, momentum))
+        else:
+            normalized = (rows - _channels(mean, rows)) / torch.sqrt(_channels(var, rows) + eps)
+    return with_ragged_dim(_affine(normalized, weight, bias), batch.ragged_dim)
+
+
+def _check_sample_counts(func: Any, rows: NestedBatch, args: tuple, kwargs: dict) -> None:
+    """torch's refusal of a sample too small to normalize (its ``ValueError``, for the first
+    such sample): ``instance_norm`` with input statistics needs more than one spatial element,
+    ``group_norm`` more than one value. Reads the lengths where only the device has them (the
+    shortest first: one sync)."""
+    if func is F.instance_norm and not argument(args, kwargs, 5, "use_input_stats", True):
+        return
+    per_row = math.prod(rows.feature_shape[1:]) * (rows.size(2) if func is F.group_norm else 1)
+    partition = rows.partition
+    if rows.batch_size == 0 or (not partition.knows_host_shapes
+                                and int(partition.lengths.min()) * per_row > 1):
+        return
+    small = next((n for n in partition.host_lengths if n * per_row <= 1), None)
+    if small is not None:
+        size = torch.Size([1, rows.size(2), small, *rows.feature_shape[1:]])
+        what = "spatial element" if func is F.instance_norm else "value per channel"
+        raise ValueError(f"Expected more than 1 {what} when training, got input size {size}")
+
+
+def _normalized_groups(rows: NestedBatch, groups: int, eps: float,
+                       stats: tuple | None) -> NestedBatch:
+    """``(x - mean) / sqrt(var + eps)`` of every sample and group of ``C / groups`` channels
+    of ``rows`` ``(B, j, C, *rest)``, the statistics over the group's channels and every
+    spatial element of the sample."""
+    channels = rows.size(2)
+    if groups < 1 or channels % groups:
+        raise RuntimeError(f"Expected number of channels in input to be divisible by "
+                           f"num_groups, but got {channels} channels and num_groups={groups}")
+    grouped = rows.unflatten(2, (groups, channels // groups))
+    dims = (1, *range(3, grouped.dim()))  # (the ragged dim, the group's channels, the rest)
+    mean = grouped.mean(dim=dims, keepdim=True)  # (B, 1, G, 1, ...): one per sample, group
+    centered = grouped - mean
+    var = (centered * centered).mean(dim=dims, keepdim=True)
+    if stats is not None:
+        _update_running(stats, mean, var, rows)
+    return (centered / torch.sqrt(var + eps)).flatten(2, 3)
+
+
+def _update_running(stats: tuple, mean: Tensor, var: Tensor, rows: NestedBatch) -> None:
+    """``instance_norm``'s running statistics, as torch's: ``(1 - momentum)`` of them plus
+    ``momentum`` times the mean over the samples of every sample's mean and unbiased variance
+    (each sample's count its own)."""
+    running_mean, running_var, momentum = stats
+    if running_mean is None and running_var is None:
+        return
+    count = rows.lengths.to(var.dtype) * math.prod(rows.feature_shape[1:])
+    with torch.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(momentum * mean.flatten(1).mean(0))
+        if running_var is not None:
+            unbiased = var.flatten(1) * (count / (count - 1)).unsqueeze(1)
+            running_var.mul_(1 - momentum).add_(momentum * unbiased.mean(0))
+
+
+def _channels(value: Tensor | None, rows: NestedBatch) -> Tensor | None:
+    """A per-channel ``(C,)`` tensor viewed to broadcast over the channels, dim 2 of ``rows``
+    ``(B, j, C, *rest)``."""
+    if value is None:
+        return None
+    return value.view(-1, *[1] * (rows.dim() - 3))
+
+
+def _affine(rows: NestedBatch, weight: Tensor | None, bias: Tensor | None) -> NestedBatch:
+    """``rows * weight + bias`` per channel, as torch's norms end."""
+    if weight is not None:
+        rows = rows * _channels(weight, rows)
+    if bias is not None:
+        rows = rows + _channels(bias, rows)
+    return rows
 
 
 @register(F.linear, layouts=(Layout.PACKED,), moved_ragged=True)
