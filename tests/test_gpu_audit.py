@@ -841,6 +841,7 @@ audit("NestedBatch.to_padded_tensor [output_size]",
       _method("to_padded_tensor", 0.0, (None, MAX_LEN, FEATURES)), device=True)
 audit("NestedBatch.with_values", lambda s: (lambda b, v: lambda: b.with_values(v))(
     s.batch(), s.values()), device=True)
+audit("NestedBatch.data", lambda s: (lambda b: lambda: b.data)(s.batch()), device=True)
 audit("NestedBatch.mT", lambda s: (lambda b: lambda: b.mT)(s.batch(2, FEATURES // 2)),
       device=True)
 audit("NestedBatch.adjoint", _method("adjoint"), device=True)

@@ -282,3 +282,34 @@ def test_atleast_nd_as_torch():
     assert one.shape == (2, flat.size(1), 1) and dense.shape == (1, 1, 1)
     listed = torch.atleast_3d([flat])
     assert type(listed) is tuple and listed[0].shape == (2, flat.size(1), 1)
+
+
+# ------------------------------------------------------------------------------------- .data
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_data_is_the_batch_detached_over_the_same_storage(layout):
+    leaf = nestbatch.nested([torch.ones(2, 3), torch.ones(1, 3)]).to(layout).requires_grad_()
+    data = leaf.data
+    assert not data.requires_grad and leaf.requires_grad
+    assert [t.tolist() for t in data.unbind()] == [t.tolist() for t in leaf.unbind()]
+    stored = nestbatch.NestedBatch.from_padded(torch.ones(2, 3, 2), [3, 1]).to(layout)
+    stored.packed()  # (a cached conversion, which the write must not leave stale)
+    stored.data.mul_(2)
+    assert all(bool((t == 2).all()) for t in stored.unbind())
+    assert bool((stored.packed().values == 2).all())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_writes_through_detach_reach_every_cached_layout_both_ways(layout):
+    def doubled(batch):
+        return all(bool((t == 2).all()) for t in (*batch.unbind(), batch.packed().values,
+                                                  batch.padded().data[batch.padded().mask]))
+
+    base = nestbatch.nested([torch.ones(3, 2), torch.ones(1, 2)]).to(layout)
+    base.packed(), base.padded(), base.tensor_list()  # (cached conversions)
+    base.detach().mul_(2)
+    assert doubled(base)
+    other = nestbatch.nested([torch.ones(3, 2), torch.ones(1, 2)]).to(layout)
+    detached = other.detach()
+    detached.packed(), detached.padded()
+    other.mul_(2)
+    assert doubled(detached)
