@@ -493,6 +493,17 @@ RECIPES: dict[str, Recipe] = {
     "torch.feature_alpha_dropout_": unary(0.5, True),
     "native_dropout": unary(0.5, True),
     "frexp": unary(),
+    # lookups (a batch of the input's structure) and counts (a dense result) of ops/lookup.py
+    "one_hot": lambda s, f: (lambda b: lambda: f(b, 10))(s.batch(dtype=torch.long).select(2, 0)),
+    "isin": lambda s, f: (lambda b, t: lambda: f(b, t))(
+        s.batch(dtype=torch.long), s.dense(3, dtype=torch.long)),
+    "bucketize": lambda s, f: (lambda b, e: lambda: f(b, e))(s.batch(), s.dense(5).sort().values),
+    "searchsorted": lambda s, f: (lambda e, b: lambda: f(e, b))(
+        s.dense(5).sort().values, s.batch()),
+    "histc": unary(10, -1.0, 1.0),
+    "histogram": unary(4, range=(-1.0, 1.0)),
+    **{name: lambda s, f: (lambda b: lambda: f(b))(s.batch(dtype=torch.long).select(2, 0))
+       for name in ("bincount", "unique", "unique_consecutive")},
     "batch_norm": lambda s, f: (lambda b: lambda: f(b, None, None, training=True))(
         s.batch().transpose(1, 2)),  # (channels at dim 1, the ragged length after them)
     # (two spatial elements a row: a sample of one row is normalized, not refused)
@@ -681,6 +692,23 @@ audit("torch.amax [empty samples]",
       lambda s: (lambda b: lambda: torch.amax(b, dim=1))(_with_empty_samples(s)), device=True)
 audit("torch.softmax [empty samples]",
       lambda s: (lambda b: lambda: torch.softmax(b, dim=1))(_with_empty_samples(s)), device=True)
+audit("F.one_hot [num_classes=-1]", lambda s: (lambda b: lambda: F.one_hot(b))(
+    s.batch(dtype=torch.long).select(2, 0)), device=True)
+audit("torch.isin [dense elements, batch test_elements]", lambda s: (
+    lambda e, b: lambda: torch.isin(e, b))(s.dense(5, dtype=torch.long),
+                                            s.batch(dtype=torch.long)), device=True)
+audit("torch.searchsorted [per-row sequences]", lambda s: (
+    lambda q: lambda: torch.searchsorted(q, s.like(q)))(s.batch().sort(-1).values), device=True)
+audit("torch.histc [data range]", lambda s: unary(10)(s, torch.histc), device=True)
+audit("torch.unique [return_inverse, ragged dim moved]", lambda s: (
+    lambda b: lambda: torch.unique(b, return_inverse=True, return_counts=True))(
+    s.batch(dtype=torch.long).transpose(1, 2)), device=True)
+_OUTPUT_SIZE = ("torch's own read of the device for the size of its result (the largest value, "
+                "or the number of unique values), as for a dense tensor: one sync")
+EXCEPTIONS.update({name: _OUTPUT_SIZE for name in (
+    "F.one_hot [num_classes=-1]", "torch.bincount", "Tensor.bincount", "torch.unique",
+    "Tensor.unique", "torch.unique_consecutive", "Tensor.unique_consecutive",
+    "torch.unique [return_inverse, ragged dim moved]")})
 
 
 def _attention(fn: Callable, transpose: bool, partition_only: bool = False) -> Make:

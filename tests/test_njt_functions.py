@@ -51,52 +51,53 @@ def test_dropout1d_over_a_moved_ragged_dim_shares_a_draw_along_each_sample():
     assert set(draws.tolist()) == {0.0, 2.0}
 
 
-def test_a_moved_ragged_dim_draws_as_torch_does_on_the_dense_tensor():
-    # (the padded route: the same seed gives the draws torch gives the dense tensor)
+def test_a_moved_ragged_dim_draws_as_torch_does_on_the_padded_samples():
+    # (B, C, j): samples (C, L_i), one unbatched input each for dropout1d; the same seed gives
+    # the draws torch gives the padded samples stacked
     samples = [torch.randn(4, 3), torch.randn(2, 3)]
     dense = torch.nn.utils.rnn.pad_sequence(samples, batch_first=True).transpose(1, 2)
-    for func, args in ((F.feature_alpha_dropout, (0.5, True)), (F.dropout1d, (0.3,)),
-                       (torch.feature_dropout, (0.5, True)),
-                       (torch.feature_alpha_dropout, (0.5, True))):
-        torch.manual_seed(3)
-        expected = func(dense, *args)
-        torch.manual_seed(3)
-        got = func(nestbatch.nested(samples).transpose(1, 2), *args)
-        for sample, row, n in zip(got.unbind(), expected, (4, 2)):
-            assert torch.equal(sample, row[:, :n])
+    torch.manual_seed(3)
+    expected = F.dropout1d(dense, 0.3)
+    torch.manual_seed(3)
+    got = F.dropout1d(nestbatch.nested(samples).transpose(1, 2), 0.3)
+    for sample, row, n in zip(got.unbind(), expected, (4, 2)):
+        assert torch.equal(sample, row[:, :n])
 
 
 @pytest.mark.parametrize("func, args", [(F.feature_alpha_dropout, (0.5, True)),
                                         (torch.feature_dropout, (0.5, True)),
-                                        (torch.feature_alpha_dropout, (0.5, True))])
-def test_feature_dropouts_share_a_draw_along_each_row(func, args):
+                                        (torch.feature_alpha_dropout, (0.5, True)),
+                                        (F.dropout2d, (0.5,))])
+def test_batched_samples_draw_per_row_and_channel(func, args):
+    # samples (L_i, C, W): torch takes each as a batch (N=L_i, C), one draw per (row, channel)
     torch.manual_seed(10)
-    rows = func(_ones([30, 20], 6), *args).packed().values
-    assert torch.equal(rows, rows[:, :1].expand_as(rows))
-    assert rows[:, 0].unique().numel() == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (dropout2d warns of 3-d inputs, as torch)
+        rows = func(_ones([30, 20], 6, 5), *args).packed().values
+    assert torch.equal(rows, rows[..., :1].expand_as(rows))
+    assert rows[..., 0].unique().numel() == 2
+    assert not torch.equal(rows[:, :1, 0].expand(-1, 6), rows[:, :, 0])  # (channels differ)
 
 
-def test_a_2d_batch_of_dropout1d_is_one_unbatched_input_whose_channels_are_samples():
-    torch.manual_seed(11)
-    out = F.dropout1d(nestbatch.nested([torch.ones(n) for n in (5, 3, 4, 6, 2, 7)]), 0.5)
-    draws = [sample.unique().tolist() for sample in out.unbind()]
-    assert all(len(d) == 1 for d in draws) and {d[0] for d in draws} == {0.0, 2.0}
+def test_samples_torch_refuses_raise_as_torch():
+    # (B, j): 1-d samples, which dropout1d refuses, as torch for each sample
+    with pytest.raises(RuntimeError, match="received a 1D input"):
+        F.dropout1d(nestbatch.nested([torch.ones(n) for n in (5, 3)]), 0.5)
 
 
-def test_dropout2d_and_3d_follow_torch_on_the_dense_shape():
+def test_dropout2d_and_3d_follow_torch_on_every_sample():
     torch.manual_seed(4)
-    batch = _ones([6, 9], 4, 5)  # (B, j, 4, 5): as torch's (N, C, H, W)
-    out = F.dropout2d(batch, 0.5)
-    for sample in out.unbind():
+    batch = _ones([6, 9], 4, 5)  # (B, j, 4, 5): samples (L_i, 4, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch warns of 3-d inputs to both)
+        out2 = F.dropout2d(batch, 0.5)  # each sample an (N=L_i, C=4, L=5) batch
+        torch.manual_seed(5)
+        out3 = F.dropout3d(batch, 0.5)  # each sample one unbatched (C=L_i, D, H) input
+    for sample in out2.unbind():
+        assert torch.equal(sample, sample[..., :1].expand_as(sample))
+    for sample in out3.unbind():
         flat = sample.flatten(1)
         assert torch.equal(flat, flat[:, :1].expand_as(flat))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (torch warns of a 4-d input to dropout3d)
-        torch.manual_seed(5)
-        out3 = F.dropout3d(batch, 0.5)
-    # a 4-d input is one unbatched (C, D, H, W) input: one draw per sample (dim 0)
-    for sample in out3.unbind():
-        assert sample.unique().numel() == 1
 
 
 def test_channel_dropout_keeps_the_batch_when_not_training_and_checks_as_torch():
@@ -106,7 +107,7 @@ def test_channel_dropout_keeps_the_batch_when_not_training_and_checks_as_torch()
     with pytest.raises(ValueError, match="between 0 and 1"):
         F.dropout1d(batch, 1.5)
     with pytest.raises(RuntimeError, match="dropout1d: Expected 2D or 3D input"):
-        F.dropout1d(_ones([3, 2], 4, 5), 0.5)
+        F.dropout1d(_ones([3, 2], 4, 5, 6), 0.5)  # (4-d samples)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -313,3 +314,16 @@ def test_writes_through_detach_reach_every_cached_layout_both_ways(layout):
     detached.packed(), detached.padded()
     other.mul_(2)
     assert doubled(detached)
+
+
+def test_channel_dropout_of_samples_with_two_ragged_dims():
+    # samples (H_i, W_i, C): each an (N=H_i, C=W_i, L=C) batch for dropout2d
+    torch.manual_seed(12)
+    batch = NestedBatch.from_list([torch.ones(3, 4, 5), torch.ones(2, 6, 5)],
+                                  num_ragged_dims=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = F.dropout2d(batch, 0.5)
+    for sample in out.unbind():
+        assert torch.equal(sample, sample[..., :1].expand_as(sample))
+        assert set(sample.unique().tolist()) <= {0.0, 2.0}

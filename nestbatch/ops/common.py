@@ -10,6 +10,7 @@ through it (:func:`dim_kind`, :func:`values_dim`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -95,6 +96,26 @@ def bind_arguments(name: str, spec: Sequence[tuple[str, Any]], args: tuple, kwar
                 raise TypeError(f"{name} is missing its argument {key!r}")
             bound[key] = default
     return {key: bound[key] for key, _ in spec}  # (in the parameters' order)
+
+
+def logical_flat_index(batch: NestedBatch, shape: torch.Size) -> Tensor:
+    """``(total, *feature)`` int64 (``shape``: the packed values'): where every packed element
+    of ``batch`` (one ragged dim, moved to logical dim ``r``) lies in its samples flattened one
+    after another, each sample ``(*feature[:r-1], L_i, *feature[r-1:])`` in row-major order
+    (``torch.cat([s.flatten() for s in batch.unbind()])``). No read of the device."""
+    partition = batch.partition
+    features = shape[1:]
+    before = batch.ragged_dim - 1  # (feature dims logically before the ragged dim)
+    outer_size, inner_size = math.prod(features[:before]), math.prod(features[before:])
+    rows = (-1, *[1] * len(features))
+    device = partition.offsets.device
+    outer = torch.arange(outer_size, device=device).view(
+        *features[:before], *[1] * len(features[before:]))
+    inner = torch.arange(inner_size, device=device).view(features[before:])
+    lengths = partition.lengths[partition.row_ids].view(rows)
+    start = (partition.offsets[:-1][partition.row_ids] * (outer_size * inner_size)).view(rows)
+    position = partition.positions.view(rows)
+    return start + outer * (lengths * inner_size) + position * inner_size + inner
 
 
 def normalize_dim(batch: NestedBatch, dim: object, name: str = "dim") -> int:

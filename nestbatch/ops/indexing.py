@@ -225,7 +225,8 @@ def paired_elements(batch: NestedBatch, samples: Any, positions: Any, features: 
     if samples.numel() and read_device_values(position_out.any().reshape(1))[0]:
         _raise_outside(given, positions, length, sample_out, size)
     rows = offsets[samples] + torch.where(positions < 0, positions + length, positions)
-    elements = batch.packed().values[rows.reshape(-1).to(batch.device)].view(*rows.shape, *batch.feature_shape)
+    elements = batch.packed().values[rows.reshape(-1).to(batch.device)]
+    elements = elements.view(*rows.shape, *batch.feature_shape)
     return elements[(_ALL,) * rows.dim() + tuple(features)] if features else elements
 
 

@@ -107,30 +107,41 @@ _TORCH_CHANNEL_DROPOUTS = {torch.feature_dropout: torch.feature_dropout,
 @register(*_CHANNEL_DROPOUTS, *_TORCH_CHANNEL_DROPOUTS, layouts=(Layout.PACKED,),
           moved_ragged=True)
 def _channel_dropout(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
-    """``dropout1d`` / ``2d`` / ``3d``, ``feature_dropout``, ``feature_alpha_dropout``: the
-    draws torch makes for the dense tensor of the batch's shape, one per channel: one per row
-    of a sample when dim 1 is the one ragged dim (on the packed values: no padding), else (a
-    moved ragged dim, several ragged dims, or an input these functions take as unbatched,
-    whose channels are the samples) on the padded data in logical order, whose padding's draws
-    are dropped with it. torch's checks of ``p`` and of the input's dims (and its warnings)
-    run on a tensor of the batch's number of dims, also when not training."""
+    """``dropout1d`` / ``2d`` / ``3d``, ``feature_dropout``, ``feature_alpha_dropout``: torch's
+    draws for every sample alone (as ``prelu`` reads channels: dim 1 of each sample), one per
+    channel of the sample, or per (sample dim 0, channel) where torch takes the sample as a
+    batch of its own (``dropout1d`` of 3-d samples, ``dropout2d``, ``dropout3d`` of 5-d ones,
+    ``feature_*``). torch's checks of ``p`` and of a sample's number of dims (and its warnings)
+    run on an empty tensor of a sample's rank first.
+
+    With the one ragged dim first in every sample, the packed rows ``(total, *feature)`` are
+    the samples stacked along their dim 0, of a sample's rank: torch's call on them draws
+    exactly so (no padding). Otherwise the padded samples ``(B, *sample)`` are stacked along
+    the batch dim (dims 0 and 1 merged where torch takes a sample as batched), and the
+    padding's draws are dropped with it."""
     batch = args[0]
     call, training, inplace = _channel_call(func, args[1:], kwargs)
+    rank = batch.dim() - 1  # (a sample's)
+    call(torch.empty((0,) * rank, dtype=batch.dtype, device=batch.device), False)
     if not training:
-        call(torch.empty((0,) * batch.dim(), dtype=batch.dtype, device=batch.device), False)
         return batch
-    if batch.num_ragged_dims == 1 and batch.ragged_dim == 1 and not _samples_are_channels(
-            func, batch.dim()):
+    if batch.num_ragged_dims == 1 and batch.ragged_dim == 1:
         stored = stored_layout(batch)
         if inplace and isinstance(stored, Packed):  # (torch's in-place kernel on the rows)
-            call(stored.values.unsqueeze(0), True)
+            call(stored.values, True)
             after_stored_write(batch)
             return batch
-        result = batch.with_values(call(batch.values.unsqueeze(0), False).squeeze(0))
+        result = batch.with_values(call(batch.values, False))
     else:
-        dense = call(batch.padded(0.0).data.movedim(1, batch.ragged_dim), False)
-        result = wrap_padded(dense.movedim(batch.ragged_dim, 1), batch.partition,
-                             batch.ragged_dim)
+        padded = batch.padded(0.0).data
+        dense = padded.movedim(1, batch.ragged_dim) if batch.num_ragged_dims == 1 else padded
+        if _sample_is_batched(func, rank):
+            out = call(dense.flatten(0, 1), False).unflatten(0, dense.shape[:2])
+        else:
+            out = call(dense, False)
+        if batch.num_ragged_dims == 1:
+            out = out.movedim(batch.ragged_dim, 1)
+        result = wrap_padded(out, batch.partition, batch.ragged_dim)
     return replace_storage(batch, result) if inplace else result
 
 
@@ -152,11 +163,15 @@ def _channel_call(func: Any, rest: tuple, kwargs: dict) -> tuple[Any, bool, bool
     return call, bool(train), func is not out_of_place
 
 
-def _samples_are_channels(func: Any, dims: int) -> bool:
-    """Whether ``func`` takes an input of ``dims`` dims as one unbatched sample, whose dim 0
-    (here: the samples) holds the channels: ``dropout1d`` of 2 dims, ``dropout3d`` of other
-    than 5 (torch's rule)."""
-    return (func is F.dropout1d and dims == 2) or (func is F.dropout3d and dims != 5)
+def _sample_is_batched(func: Any, rank: int) -> bool:
+    """Whether torch takes a sample of ``rank`` dims as a batch of its own (its dim 0 the
+    batch, dim 1 the channels), drawing per (dim 0, dim 1): ``dropout1d`` of 3 dims,
+    ``dropout3d`` of 5; ``dropout2d`` and the ``feature_*`` functions always (torch's rule)."""
+    if func is F.dropout1d:
+        return rank == 3
+    if func is F.dropout3d:
+        return rank == 5
+    return True
 
 
 @register(torch.native_dropout, layouts=(Layout.PACKED,), moved_ragged=True)

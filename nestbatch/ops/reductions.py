@@ -9,7 +9,6 @@ level of a nested batch reduces in :mod:`nestbatch.ops.levels`.
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -25,6 +24,7 @@ from nestbatch.ops.common import (
     argument,
     dim_kind,
     fill_value_for,
+    logical_flat_index,
     normalize_dim,
     torch_funcs,
     values_dim,
@@ -328,25 +328,8 @@ def _flat_arg(batch: NestedBatch, func: Any) -> Tensor:
         return func(values)
     extreme = (torch.amax if func is torch.argmax else torch.amin)(values)
     hits = (values == extreme) | (values.isnan() & extreme.isnan())
-    logical = _logical_flat_index(batch, values.shape)
+    logical = logical_flat_index(batch, values.shape)
     return torch.where(hits, logical, logical.numel()).amin()
-
-
-def _logical_flat_index(batch: NestedBatch, shape: torch.Size) -> Tensor:
-    """``(total, *feature)`` int64: the index of every packed element in the samples flattened
-    one after another in logical order (one ragged dim, moved to ``batch.ragged_dim``)."""
-    partition = batch.partition
-    features = shape[1:]
-    before = batch.ragged_dim - 1  # (feature dims logically before the ragged dim)
-    outer_size, inner_size = math.prod(features[:before]), math.prod(features[before:])
-    device, rows = batch.device, (-1, *[1] * len(features))
-    outer = torch.arange(outer_size, device=device).view(*features[:before],
-                                                          *[1] * len(features[before:]))
-    inner = torch.arange(inner_size, device=device).view(features[before:])
-    lengths = partition.lengths[partition.row_ids].view(rows)
-    start = (partition.offsets[:-1][partition.row_ids] * outer_size * inner_size).view(rows)
-    position = partition.positions.view(rows)
-    return start + outer * (lengths * inner_size) + position * inner_size + inner
 
 
 def _across_samples(batch: NestedBatch, func: Any, name: str, dims: tuple[int, ...],
