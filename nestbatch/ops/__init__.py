@@ -15,6 +15,7 @@ from nestbatch.ops import (  # noqa: F401  (imported for their registrations)
     elementwise,
     interop,
     losses,
+    lookup,
     matmul,
     nn,
     norms,
