@@ -531,6 +531,10 @@ RECIPES: dict[str, Recipe] = {
     # ordering along the ragged dim (flip / roll: the samples' order too)
     **{name: unary(dim=1) for name in ("sort", "argsort", "diff")},
     **{name: unary(1, dim=1) for name in ("topk", "kthvalue")},
+    # order statistics and paired reductions over the ragged dim
+    **{name: unary(1) for name in ("median", "nanmedian", "mode", "var_mean", "std_mean")},
+    **{name: unary(0.5, 1) for name in ("quantile", "nanquantile")},
+    "aminmax": unary(dim=1),
     "flip": unary((0, 1)),
     "roll": unary((1, 2), (0, 1)),
     "fliplr": unary(),
@@ -690,6 +694,14 @@ audit("F.dropout1d [ragged dim moved]",
       device=True)
 audit("torch.amax [empty samples]",
       lambda s: (lambda b: lambda: torch.amax(b, dim=1))(_with_empty_samples(s)), device=True)
+audit("torch.median [all]", lambda s: unary()(s, torch.median), device=True)
+audit("torch.median [feature dim]", lambda s: unary(-1)(s, torch.median), device=True)
+audit("torch.quantile [1-d q]", lambda s: (lambda b, q: lambda: torch.quantile(b, q, 1))(
+    s.batch(), s.dense(3).sigmoid()), device=True)
+audit("torch.quantile [all]", lambda s: unary(0.5)(s, torch.quantile), device=True)
+audit("torch.mode [ragged dim moved]",
+      lambda s: (lambda b: lambda: torch.mode(b, 2))(s.batch().transpose(1, 2)), device=True)
+audit("torch.aminmax [all]", lambda s: unary()(s, torch.aminmax), device=True)
 audit("torch.softmax [empty samples]",
       lambda s: (lambda b: lambda: torch.softmax(b, dim=1))(_with_empty_samples(s)), device=True)
 audit("F.one_hot [num_classes=-1]", lambda s: (lambda b: lambda: F.one_hot(b))(

@@ -327,3 +327,13 @@ def test_channel_dropout_of_samples_with_two_ragged_dims():
     for sample in out.unbind():
         assert torch.equal(sample, sample[..., :1].expand_as(sample))
         assert set(sample.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_a_dense_tensor_before_the_batch_in_a_feature_cat_is_checked_too():
+    # (it skipped the check: rows of one sample landed in another when the totals matched)
+    batch = NestedBatch.from_list([torch.ones(1, 2), torch.ones(2, 2), torch.ones(0, 2)])
+    dense = torch.tensor([[[10.0]], [[20.0]], [[30.0]]])  # one row per sample
+    for call in (lambda: torch.dstack([dense, batch]), lambda: torch.cat([dense, batch], -1),
+                 lambda: torch.diff(batch, dim=2, prepend=torch.ones(3, 1, 1))):
+        with pytest.raises(ValueError, match="same row structure"):
+            call()

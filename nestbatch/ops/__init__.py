@@ -23,6 +23,7 @@ from nestbatch.ops import (  # noqa: F401  (imported for their registrations)
     reductions,
     scans,
     shape,
+    statistics,
     structure,
 )
 from nestbatch.ops.registry import dispatch, register

@@ -118,6 +118,18 @@ def logical_flat_index(batch: NestedBatch, shape: torch.Size) -> Tensor:
     return start + outer * (lengths * inner_size) + position * inner_size + inner
 
 
+def logical_elements(batch: NestedBatch) -> Tensor:
+    """``(N,)``: ``torch.cat([s.flatten() for s in batch.unbind()])`` without a loop, every
+    element of every sample one sample after another, each in its logical order: the packed
+    values flattened where the ragged dims lead, else every element put at its logical place
+    (:func:`logical_flat_index`; differentiable, no read of the device)."""
+    values = batch.packed().values
+    if batch.ragged_dim == 1:
+        return values.reshape(-1)
+    index = logical_flat_index(batch, values.shape).reshape(-1)
+    return values.new_zeros(values.numel()).scatter(0, index, values.reshape(-1))
+
+
 def normalize_dim(batch: NestedBatch, dim: object, name: str = "dim") -> int:
     """``dim`` in ``[0, batch.dim())`` (:func:`nestbatch.checks.normalize_dim`)."""
     return checked_dim(dim, batch.dim(), name)

@@ -43,6 +43,7 @@ from nestbatch.ops.common import (
     check_same_structure,
     dim_kind,
     is_batch,
+    logical_elements,
     logical_flat_index,
     normalize_dim,
     values_dim,
@@ -207,18 +208,6 @@ def _check_sequence_batch(sequence: NestedBatch, values: Any) -> None:
 
 
 # =================================================================================== counts
-def flat_elements(batch: NestedBatch) -> Tensor:
-    """``torch.cat([s.flatten() for s in batch.unbind()])``, without a loop: the packed values
-    flattened (their order when the ragged dim is in place, several ragged dims and nested
-    batches included), else every element put at its logical position (no device read).
-    """
-    values = packed_values(batch)
-    if not _moved(batch):
-        return values.reshape(-1)
-    positions = logical_flat_index(batch, values.shape).reshape(-1)
-    return torch.empty_like(values.reshape(-1)).index_copy_(0, positions, values.reshape(-1))
-
-
 def _moved(batch: NestedBatch) -> bool:
     return batch.num_ragged_dims == 1 and batch.ragged_dim != 1
 
@@ -228,7 +217,7 @@ def _moved(batch: NestedBatch) -> bool:
 def _histc(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor:
     """``torch.histc(b, bins=100, min=0, max=0)``: torch's histogram of every element, a dense
     ``(bins,)`` tensor; ``min=max=0`` takes the range of every element, as torch's."""
-    return func(flat_elements(args[0]), *args[1:], **kwargs)
+    return func(logical_elements(args[0]), *args[1:], **kwargs)
 
 
 _BINCOUNT = (("input", REQUIRED), ("weights", None), ("minlength", 0))
@@ -253,7 +242,7 @@ def _bincount(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Tensor:
     if batch.dim() != 2:
         # torch's own error for an input of the samples' number of dims.
         func(torch.empty((0,) * (batch.dim() - 1), dtype=batch.dtype, device=batch.device))
-    return func(flat_elements(batch), _flat_weights("torch.bincount", batch, weights),
+    return func(logical_elements(batch), _flat_weights("torch.bincount", batch, weights),
                 minlength=bound["minlength"])
 
 
@@ -270,7 +259,7 @@ def _flat_weights(name: str, batch: NestedBatch, weights: Any) -> Tensor | None:
     if weights.ragged_dim != batch.ragged_dim or weights.dim() != batch.dim():
         raise ValueError(f"{name}: the weights must have the input's shape, got "
                          f"{weights.shape} for an input of shape {batch.shape}")
-    return flat_elements(weights)
+    return logical_elements(weights)
 
 
 @register(torch.histogram, torch.Tensor.histogram, layouts=_PACKED, moved_ragged=True,
@@ -284,7 +273,7 @@ def _histogram(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if any(is_batch(a) for a in args[1:]):
         raise ValueError("torch.histogram takes bins as an int or a 1-d dense tensor of "
                          "edges, got a NestedBatch")
-    return func(flat_elements(batch), *args[1:], **kwargs)
+    return func(logical_elements(batch), *args[1:], **kwargs)
 
 
 _UNIQUE = (("input", REQUIRED), ("sorted", True), ("return_inverse", False),
@@ -319,7 +308,7 @@ def _unique(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     call = torch.unique_consecutive if consecutive else torch.unique
     if bound["dim"] is not None:
         return _unique_slices(batch, call, name, bound)
-    out = call(flat_elements(batch), **bound)
+    out = call(logical_elements(batch), **bound)
     if not bound["return_inverse"]:
         return out
     values = packed_values(batch)

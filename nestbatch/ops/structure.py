@@ -109,8 +109,9 @@ def _cat(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
         return cat_samples(batches)
     if kind == "ragged":
         return cat_rows(batches)
-    for b in batches[1:]:
-        check_same_structure(ref, b, "batches concatenated on a feature dim")
+    for b in batches:  # (every one but ref itself: a dense tensor before it included)
+        if b is not ref:
+            check_same_structure(ref, b, "batches concatenated on a feature dim")
     values = [b.packed().values for b in batches]
     return ref.with_values(torch.cat(values, values_dim(ref, dim)))
 
