@@ -435,3 +435,16 @@ def test_gradcheck_ragged_dim_first():
         return F.conv1d(NestedBatch.from_lengths(v, lengths), w, padding=1).values
 
     assert torch.autograd.gradcheck(f, (values, weight))
+
+
+def test_avg_pool3d_refuses_what_torch_refuses_for_a_sample():
+    # (the audit's findings: an input dim shorter than the kernel, whatever the padding, and
+    # a dtype torch's kernel lacks on the own-divisor route)
+    short = [torch.randn(1, 5, 1, 5), torch.randn(1, 5, 4, 5)]
+    batch = NestedBatch.from_list([t.movedim(2, 0) for t in short]).movedim(1, 3)
+    with pytest.raises(RuntimeError, match="smaller than kernel size"):
+        F.avg_pool3d(batch, 4, 3, 2)
+    half = [torch.randn(2, 2, 2, 3).half(), torch.randn(2, 2, 6, 3).half()]
+    batch = NestedBatch.from_list([t.movedim(2, 0) for t in half]).movedim(1, 3)
+    with pytest.raises(NotImplementedError):
+        F.avg_pool3d(batch, 2, 1, 1, count_include_pad=False)

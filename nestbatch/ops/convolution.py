@@ -222,7 +222,9 @@ def _over_ragged(batch: NestedBatch, op: _Op, func: Callable, args: tuple, kwarg
             "dim to the first spatial dim (the indices are then torch's)"
         )
     shortest, longest = _extent(batch)
-    if batch.batch_size and _too_short(shortest, window):
+    # (avg_pool3d also refuses an input dim shorter than its kernel, whatever the padding)
+    if batch.batch_size and (_too_short(shortest, window) or (
+            op.kind == "avg_pool" and n == 3 and shortest < window.kernel)):
         _raise_as_torch(batch, func, args, kwargs, shortest)  # (torch's error for the sample)
     filler = fill_value_for(batch.dtype, "lowest") if op.kind == "max_pool" else 0
     if op.kind == "max_pool" and batch.dtype.is_floating_point:
@@ -231,6 +233,8 @@ def _over_ragged(batch: NestedBatch, op: _Op, func: Callable, args: tuple, kwarg
     rank = batch.dim() - 1
     flat = x.flatten(0, 1) if rank == n + 2 else x  # samples' own batch dim into torch's
     divide = op.kind == "avg_pool" and _own_divisors(params, window)
+    if divide and batch.batch_size:  # (torch's kernel is not run: its dtype checks are, here)
+        _raise_as_torch(batch, func, args, kwargs, shortest)
     y = _window_sums(flat, params, n) if divide else func(flat, *args[1:], **kwargs)
     partition = _out_partition(batch, window, longest)
 
