@@ -380,8 +380,6 @@ def test_refusals_name_what_is_unsupported():
                         (2, 3), 3)  # (B, C, H, j)
     with pytest.raises(ValueError, match="return_indices"):
         F.max_pool2d(ragged_w, 2, return_indices=True)
-    with pytest.raises(TypeError, match="not supported"):  # padding_mode: F.pad of a batch
-        nn.Conv1d(3, 2, 3, padding=1, padding_mode="reflect")(batch.transpose(1, 2))
     with pytest.raises(RuntimeError):  # a weight of the wrong channels, as torch
         F.conv1d(batch.transpose(1, 2), torch.randn(2, 4, 1))
     with pytest.raises(TypeError, match="out="):

@@ -538,6 +538,16 @@ RECIPES: dict[str, Recipe] = {
     "flip": unary((0, 1)),
     "roll": unary((1, 2), (0, 1)),
     "fliplr": unary(),
+    # padding (pad.py): over the ragged dim of (B, C, j) (every length is 1 or more), and
+    # reflect / replicate over the n feature dims of (B, j, 4, ...) (padNd)
+    "pad": lambda s, f: (lambda b: lambda: f(b, (1, 2)))(s.batch().transpose(1, 2)),
+    "constant_pad_nd": lambda s, f: (lambda b: lambda: f(b, (1, 2), 0.5))(
+        s.batch().transpose(1, 2)),
+    "_pad_enum": lambda s, f: (lambda b: lambda: f(b, (1, 1), 1))(s.batch().transpose(1, 2)),
+    "_pad_circular": lambda s, f: (lambda b: lambda: f(b, (1, 1)))(s.batch().transpose(1, 2)),
+    **{f"{kind}_pad{n}d": (lambda dims: lambda s, f: (lambda b: lambda: f(b, (1, 1) * dims))(
+        s.batch(*(FEATURES,) * dims)))(n)
+       for kind in ("reflection", "replication") for n in (1, 2, 3)},
     "flipud": unary(),
     # torch.cat of the tensors given at least so many dims
     **{name: lambda s, f: (lambda a, b: lambda: f([a, b]))(s.batch(), s.batch())
