@@ -1075,21 +1075,16 @@ class NestedBatch(TensorMethods):
         return self.to(device)
 
     def detach(self) -> NestedBatch:
-        """The batch detached from the autograd graph (shares storage). A batch that needs
-        no gradient shares its cached layouts with the result too (none of them carries a
-        graph): an in-place op on either drops or rewrites them for both, where the result's
-        own cache would leave this one's stale (a list of samples has no version counter to
-        tell)."""
-        out = self._map_primary(Tensor.detach)
-        if not self.requires_grad:
-            out._cache, out._versions = self._cache, self._versions
-        return out
+        """The batch detached from the autograd graph (shares storage)."""
+        return self._map_primary(Tensor.detach)
 
     @property
     def data(self) -> NestedBatch:
         """``Tensor.data``: the batch detached, sharing storage (:meth:`detach`). Unlike
         torch's ``.data``, it shares the version counters too, so a write through it is seen
-        by the batch's cached layouts (which would go stale) and by autograd's checks."""
+        by the batch's cached layouts (which would go stale) and by autograd's checks. As for
+        any write to the samples of a batch stored as a list of them (they carry no version
+        stamp), the batch's cached conversions do not see such a write."""
         return self.detach()
 
     def clone(self, *, memory_format: torch.memory_format = torch.preserve_format

@@ -406,7 +406,10 @@ RECIPES: dict[str, Recipe] = {
                                                2, 0, 1) for n in (1, 2, 3)},
     **{name: _over_ragged_dim(int(name[8]), None, 2, 1, 1) for name in (
         *(f"max_pool{n}d{suffix}" for n in (1, 2, 3) for suffix in ("", "_with_indices")),
-        *(f"avg_pool{n}d" for n in (1, 2, 3)))},
+        "avg_pool1d", "avg_pool2d")},
+    # (avg_pool3d refuses an input dim shorter than its kernel: a kernel of 1 along the ragged
+    # dim, whose samples may have one row)
+    "avg_pool3d": _over_ragged_dim(3, None, (1, 2, 2), 1, (0, 1, 1)),
     **{name: unary() for name in _UNARY_FLOAT},
     **{name: binary() for name in _BINARY_FLOAT},
     **{name: binary(dtype=torch.bool) for name in _BINARY_BOOL},

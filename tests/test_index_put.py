@@ -147,3 +147,26 @@ def test_index_put_gradient_reaches_the_values():
     assert torch.autograd.gradcheck(lambda values: NestedBatch.from_lengths(
         values, [3, 2])[index[0], index[1]],
         (torch.randn(5, 2, dtype=torch.float64, requires_grad=True),))
+
+
+def test_index_tensors_on_feature_dims_are_refused_and_dtypes_must_match():
+    # (the audit's findings: a feature index tensor broadcast with the pair in torch, not here)
+    batch = nestbatch.nested(_samples([3, 2]))
+    with pytest.raises(TypeError, match="feature dims accept ints, slices and None"):
+        batch[[0, 1], [0, 1], [1, 0]]
+    with pytest.raises(TypeError, match="feature dims accept ints, slices and None"):
+        batch.index_put_((torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([1, 0])),
+                         torch.tensor([-1.0, -2.0], dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="dtypes match, got Double for the destination and "
+                                           "Float for the source"):
+        batch.index_put_((torch.tensor([0]), torch.tensor([1])), torch.tensor([5.0, 5.0]))
+    batch.index_put_((batch > 0,), torch.tensor(0.0))  # (a mask's 0-d value is cast, as torch)
+    assert all(bool((t <= 0).all()) for t in batch.unbind())
+
+
+def test_pairs_over_a_moved_ragged_dim_read_as_torch():
+    samples = [torch.arange(6.0).view(3, 2), torch.arange(10.0, 14.0).view(2, 2)]
+    moved = nestbatch.nested(samples).transpose(1, 2)  # (B, 2, j)
+    expected = torch.stack([samples[0].T[:, 0], samples[1].T[:, 1]])
+    assert torch.equal(moved[[0, 1], :, [0, 1]], expected)
+    assert torch.equal(moved[[0, 1], 1, [2, 1]], torch.tensor([5.0, 13.0]))

@@ -70,12 +70,24 @@ def _index_put(layout: Layout, func: Any, args: tuple, kwargs: dict) -> NestedBa
     if not isinstance(indices, (tuple, list)):
         raise TypeError(f"{func.__name__}(): indices must be a tuple of tensors, got "
                         f"{type(indices).__name__}")
-    target = batch if func.__name__.endswith("_") else batch.clone()
     # (a bool batch alone is a mask, as batch[mask] reads it)
     index = indices[0] if len(indices) == 1 and isinstance(indices[0], NestedBatch) \
         else tuple(indices)
+    masked_fill = isinstance(index, NestedBatch) and getattr(values, "dim", lambda: 0)() == 0
+    if isinstance(values, Tensor | NestedBatch) and values.dtype != batch.dtype \
+            and not masked_fill:  # (torch's index_put_ casts no value, but a mask's one)
+        raise RuntimeError(
+            "Index put requires the source and destination dtypes match, got "
+            f"{_scalar_type(batch.dtype)} for the destination and {_scalar_type(values.dtype)} "
+            "for the source.")
+    target = batch if func.__name__.endswith("_") else batch.clone()
     setitem(target, index, values, accumulate=bool(accumulate))
     return target
+
+
+def _scalar_type(dtype: torch.dtype) -> str:
+    """torch's name of a dtype in its messages (``Float`` for float32)."""
+    return torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
 
 
 def setitem(batch: NestedBatch, index: Any, value: Any, *, accumulate: bool = False) -> None:
@@ -153,6 +165,12 @@ def getitem(batch: NestedBatch, index: Any) -> Tensor | NestedBatch:
     head, rest = index[0], index[1:]
     if rest and _is_index_array(head) and _is_index_array(rest[0]) and batch.ragged_dim == 1 \
             and batch.num_ragged_dims == 1 and batch.partition.ragged_rank == 1:
+        if any(_is_index_array(entry) or isinstance(entry, Tensor) and entry.dim() > 0
+               for entry in rest[1:]):
+            raise TypeError(
+                "after integer tensors at the batch and the ragged dim, feature dims accept "
+                "ints, slices and None (an index tensor there would broadcast with them: index "
+                "the result instead)")
         return paired_elements(batch, head, rest[0], rest[1:])
     if _is_integer(head):
         i = operator.index(head)
@@ -254,6 +272,8 @@ def _getitem_moved(batch: NestedBatch, head: Any, rest: tuple) -> NestedBatch:
     # Integers before the ragged dim drop dims, None entries add some.
     moved = sum(1 for entry in before if entry is None) - sum(map(_is_integer, before))
     stored = with_ragged_dim(batch, 1)[(head, ragged, *before, *after)]
+    if not isinstance(stored, NestedBatch):  # (elements named by index tensors: dense, and
+        return stored  # in torch's order, the indexed dims first as they are not adjacent)
     return with_ragged_dim(stored, batch.ragged_dim + moved)
 
 

@@ -437,8 +437,11 @@ def _spread_mean(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     """``var_mean`` / ``std_mean(input, dim=None, *, correction=1, keepdim=False)`` (also
     ``(input, dim, unbiased, keepdim=False)`` and ``(input, unbiased)``): ``(var, mean)``.
 
-    nestbatch's ``var`` (``std``) and ``mean`` of the batch, over the same dims: torch's values
-    to rounding (torch's one-pass kernel rounds its own way) and torch's gradient.
+    With no dim, torch's of every element in logical order; over feature dims only, torch's
+    of the packed rows (its kernel, bit for bit: a NaN mean where its one-pass inner loop meets
+    an infinity); over the ragged dim, nestbatch's ``var`` (``std``) and ``mean`` of the batch:
+    torch's values to rounding (an infinite mean, as torch's outer loop gives for the samples
+    ``unbind`` returns), and torch's gradient.
     """
     batch = args[0]
     op = func.__name__
@@ -455,9 +458,19 @@ def _spread_mean(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     if dim is not None:
         for d in (dim,) if isinstance(dim, int) else dim:
             _route(batch, d, op)  # (dim 0 and a ragged dim of several: refused by name)
+    if dim is None:
+        first, mean = func(logical_elements(batch), correction=correction)
+        if keepdim:  # (every dim of the input kept as 1)
+            first, mean = first.reshape([1] * batch.dim()), mean.reshape([1] * batch.dim())
+        return first, mean
+    dims = [normalize_dim(batch, d) for d in ((dim,) if isinstance(dim, int) else dim)]
+    if all(storage_dim(batch, d)[0] == "feature" for d in dims):
+        stored = [storage_dim(batch, d)[1] for d in dims]
+        first, mean = func(batch.packed().values, stored, correction=correction,
+                           keepdim=keepdim)
+        moved_by = 0 if keepdim else sum(d < batch.ragged_dim for d in dims)
+        return (batch.with_values(first, batch.ragged_dim - moved_by),
+                batch.with_values(mean, batch.ragged_dim - moved_by))
     spread = torch.std if op == "std_mean" else torch.var
     first = spread(batch, dim, correction=correction, keepdim=keepdim)
-    mean = torch.mean(batch) if dim is None else torch.mean(batch, dim, keepdim)
-    if dim is None and keepdim:
-        mean = mean.reshape([1] * batch.dim())
-    return first, mean
+    return first, torch.mean(batch, dim, keepdim)
