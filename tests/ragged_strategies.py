@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -104,3 +105,61 @@ def assert_same_samples(actual: Sequence[Tensor], expected: Sequence[Tensor]) ->
     for a, e in zip(actual, expected):
         assert a.shape == e.shape and a.dtype == e.dtype
         assert torch.equal(a, e)
+
+
+def value_pool(dtype: torch.dtype, mode: str) -> list | None:
+    """Values to draw every element from: few (``"ties"``), the dtype's special values
+    (``"special"``), or none in particular (``None``: ``"plain"``, and bools)."""
+    if mode == "plain" or dtype == torch.bool:
+        return None
+    if mode == "ties":
+        return [0, 1, 2]
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        return [math.nan, math.inf, -math.inf, -0.0, 0.0, 1.0, info.min, info.max]
+    info = torch.iinfo(dtype)
+    return [info.min, info.max, 0, -1, 1]
+
+
+def build_batch(samples: list[Tensor], k: int, how: str, *, declare_filler: bool = False):
+    """The batch of ``samples`` (``k`` ragged dims) stored as ``how`` says: ``"packed"``,
+    ``"padded"`` (7, or True, in the padding: declared as its filler with
+    ``declare_filler``, else junk), ``"strided"`` (packed rows that are a strided view) or
+    anything else (sizes held in tensors only)."""
+    import nestbatch  # (the package under test, imported where it is used)
+    from nestbatch import Layout, NestedBatch
+
+    if not samples:
+        return NestedBatch.from_list(samples, k)
+    shapes = torch.tensor([s.shape[:k] for s in samples])
+    if how == "packed":
+        return nestbatch.nested(samples, layout=Layout.PACKED, num_ragged_dims=k)
+    if how == "padded":
+        filler = True if samples[0].dtype == torch.bool else 7
+        return NestedBatch.from_padded(reference_padded(samples, k, filler),
+                                       shape_per_sample=shapes,
+                                       padding_value=filler if declare_filler else None)
+    values = torch.cat([s.reshape(-1, *s.shape[k:]) for s in samples])
+    if how == "strided":
+        values = torch.stack([values, values], -1)[..., 0]
+    return NestedBatch.from_shapes(values, shapes)
+
+
+def bits(t: Tensor) -> Tensor:
+    """``t`` as integers of its width: equal bits, -0.0 included; every NaN one NaN (kernels
+    set a NaN's sign and payload bits each their own way)."""
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    if t.is_floating_point():
+        t = torch.where(t.isnan(), torch.full_like(t, math.nan), t)
+        return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t
+
+
+def same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal values (NaN equal to NaN; 0.0 equal to -0.0), dtypes and shapes."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+    return torch.equal(a, b)

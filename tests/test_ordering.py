@@ -18,10 +18,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ragged_strategies import ragged_samples, reference_padded
+from ragged_strategies import (
+    bits,
+    build_batch,
+    ragged_samples,
+    same_values,
+    value_pool,
+)
 
 import nestbatch
-from nestbatch import Layout, NestedBatch
+from nestbatch import NestedBatch
 from nestbatch.ops import ordering
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64, torch.bool)
@@ -30,18 +36,6 @@ fast = settings(deadline=None)  # (examples: the profile's, 30 by default)
 
 
 # =========================================================================== building batches
-def _pool(dtype: torch.dtype, mode: str) -> list | None:
-    """Values to draw every element from: few (ties), or the dtype's special values."""
-    if dtype == torch.bool or mode == "plain":
-        return None
-    if mode == "ties":
-        return [0, 1, 2]
-    if dtype.is_floating_point:
-        info = torch.finfo(dtype)
-        return [math.nan, math.inf, -math.inf, -0.0, 0.0, 1.0, info.min, info.max]
-    info = torch.iinfo(dtype)
-    return [info.min, info.max, 0, -1, 1]
-
 
 def _with_values(samples: list[torch.Tensor], pool: list | None, seed: int) -> list:
     if pool is None:
@@ -52,21 +46,8 @@ def _with_values(samples: list[torch.Tensor], pool: list | None, seed: int) -> l
 
 
 def build(samples: list[torch.Tensor], k: int, how: str) -> NestedBatch:
-    """The batch of ``samples`` (``k`` ragged dims) stored as ``how`` says."""
-    if not samples:
-        return NestedBatch.from_list(samples, k)
-    shapes = torch.tensor([s.shape[:k] for s in samples])
-    if how == "packed":
-        return nestbatch.nested(samples, layout=Layout.PACKED, num_ragged_dims=k)
-    if how == "padded":
-        filler = True if samples[0].dtype == torch.bool else 7
-        data = reference_padded(samples, k, filler)
-        return NestedBatch.from_padded(data, shape_per_sample=shapes, padding_value=filler)
-    values = torch.cat([s.reshape(-1, *s.shape[k:]) for s in samples])
-    if how == "strided":  # packed rows that are a strided view
-        values = torch.stack([values, values], -1)[..., 0]
-    # Sizes held in tensors only (no host sizes): "device"-sized, and strided.
-    return NestedBatch.from_shapes(values, shapes)
+    """The batch of ``samples`` stored as ``how`` says, a padded one's filler declared."""
+    return build_batch(samples, k, how, declare_filler=True)
 
 
 @st.composite
@@ -76,7 +57,8 @@ def cases(draw: st.DrawFn, dtypes=DTYPES, k: int | None = None
     samples, k = draw(ragged_samples(num_ragged_dims=k, dtypes=dtypes, max_batch=4, max_len=5))
     if samples:
         mode = draw(st.sampled_from(["plain", "ties", "special"]))
-        samples = _with_values(samples, _pool(samples[0].dtype, mode), draw(st.integers(0, 99)))
+        pool = value_pool(samples[0].dtype, mode)
+        samples = _with_values(samples, pool, draw(st.integers(0, 99)))
     batch = build(samples, k, draw(st.sampled_from(BUILDS)))
     if k == 1 and samples and samples[0].dim() > 1 and draw(st.booleans()):
         batch = batch.transpose(1, 2)  # the ragged dim moved to logical dim 2
@@ -89,16 +71,6 @@ def any_dim(batch: NestedBatch) -> st.SearchStrategy[int]:
 
 
 # =========================================================================== comparing
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as integers of its width: equal bits, -0.0 included; every NaN one NaN (kernels
-    set a NaN's sign and payload bits each their own way)."""
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8)
-    if t.is_floating_point():
-        t = torch.where(t.isnan(), torch.full_like(t, math.nan), t)
-        return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-    return t
-
 
 def assert_exact(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
     assert len(actual) == len(expected)
@@ -106,14 +78,6 @@ def assert_exact(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> No
         assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
         assert torch.equal(bits(a), bits(e)), (a, e)
 
-
-def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal values (NaN equal to NaN; 0.0 equal to -0.0), dtypes and shapes."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point():
-        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
-    return torch.equal(a, b)
 
 
 def has_ties(sample: torch.Tensor, dim: int) -> bool:

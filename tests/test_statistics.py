@@ -19,10 +19,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ragged_strategies import ragged_samples, reference_padded
+from ragged_strategies import (
+    bits,
+    ragged_samples,
+    same_values,
+    value_pool,
+)
+from ragged_strategies import build_batch as build
 
 import nestbatch
-from nestbatch import Layout, NestedBatch
+from nestbatch import NestedBatch
 
 fast = settings(deadline=None, max_examples=40)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int64)
@@ -30,33 +36,6 @@ BUILDS = ("packed", "padded", "device", "strided")
 
 
 # =========================================================================== building batches
-def _pool(dtype: torch.dtype, mode: str) -> list | None:
-    """Values to draw every element from: few (ties), or the dtype's special values."""
-    if mode == "plain" or dtype == torch.bool:
-        return None
-    if mode == "ties":
-        return [0, 1, 2]
-    if dtype.is_floating_point:
-        info = torch.finfo(dtype)
-        return [math.nan, math.inf, -math.inf, -0.0, 0.0, 1.0, info.min, info.max]
-    info = torch.iinfo(dtype)
-    return [info.min, info.max, 0, -1, 1]
-
-
-def build(samples: list[torch.Tensor], k: int, how: str) -> NestedBatch:
-    """The batch of ``samples`` (``k`` ragged dims) stored as ``how`` says."""
-    if not samples:
-        return NestedBatch.from_list(samples, k)
-    shapes = torch.tensor([s.shape[:k] for s in samples])
-    if how == "packed":
-        return nestbatch.nested(samples, layout=Layout.PACKED, num_ragged_dims=k)
-    if how == "padded":  # junk in the padding
-        return NestedBatch.from_padded(reference_padded(samples, k, 7), shape_per_sample=shapes)
-    values = torch.cat([s.reshape(-1, *s.shape[k:]) for s in samples])
-    if how == "strided":
-        values = torch.stack([values, values], -1)[..., 0]
-    return NestedBatch.from_shapes(values, shapes)  # sizes on the device only
-
 
 @st.composite
 def cases(draw: st.DrawFn, dtypes=DTYPES, k: int | None = 1, modes=("plain", "ties", "special")
@@ -64,7 +43,7 @@ def cases(draw: st.DrawFn, dtypes=DTYPES, k: int | None = 1, modes=("plain", "ti
     """A batch and its samples in logical order."""
     samples, k = draw(ragged_samples(num_ragged_dims=k, dtypes=dtypes, max_batch=4, max_len=6))
     if samples:
-        pool = _pool(samples[0].dtype, draw(st.sampled_from(modes)))
+        pool = value_pool(samples[0].dtype, draw(st.sampled_from(modes)))
         if pool is not None:
             gen = torch.Generator().manual_seed(draw(st.integers(0, 99)))
             table = torch.tensor(pool, dtype=samples[0].dtype)
@@ -82,20 +61,6 @@ def any_dim(batch: NestedBatch) -> st.SearchStrategy[int]:
 
 
 # =========================================================================== comparing
-def bits(t: torch.Tensor) -> torch.Tensor:
-    if t.is_floating_point():
-        t = torch.where(t.isnan(), torch.full_like(t, math.nan), t)
-        return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-    return t
-
-
-def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal values, NaN equal to NaN and 0.0 to -0.0, same dtype and shape."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point():
-        return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
-    return torch.equal(a, b)
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

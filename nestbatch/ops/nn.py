@@ -291,13 +291,19 @@ def _batch_norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     a ``(B, j, C)`` batch): torch's batch norm of the packed rows ``(total, C, ...)``, so every
     channel's statistics (and the running ones, with their count) are over every element of
     every sample, padding excluded, as torch's of all the samples' elements together."""
-    batch = args[0]
+    batch = _channels_first(args[0], "batch_norm")
+    return batch.with_values(func(batch.values, *args[1:], **kwargs))
+
+
+def _channels_first(batch: NestedBatch, name: str) -> NestedBatch:
+    """``batch`` if its dim 1 (torch's channels) is a feature dim and its one ragged dim a
+    spatial dim after it (``(B, C, j)``), else the ``ValueError`` of the norms."""
     if batch.num_ragged_dims != 1 or batch.ragged_dim < 2:
         raise ValueError(
-            f"batch_norm of a NestedBatch of shape {tuple(batch.shape)}: its dim 1 (the "
+            f"{name} of a NestedBatch of shape {tuple(batch.shape)}: its dim 1 (the "
             "channels) must be a feature dim and its one ragged dim a spatial dim after it; "
-            "for (B, j, C) samples, normalize x.transpose(1, 2) (or the packed rows .values)")
-    return batch.with_values(func(batch.values, *args[1:], **kwargs))
+            "for (B, j, C) samples, normalize x.transpose(1, 2)")
+    return batch
 
 
 @register(F.instance_norm, F.group_norm, layouts=(Layout.PACKED,), moved_ragged=True)
@@ -309,12 +315,7 @@ def _per_sample_norm(layout: Layout, func: Any, args: tuple, kwargs: dict) -> An
     batch's reductions over its ragged and feature dims, so the last bits can differ from
     torch's fused kernel. ``instance_norm``'s running statistics are updated as torch's: the
     mean over the samples of each one's mean and unbiased variance (of its own count)."""
-    batch = args[0]
-    if batch.num_ragged_dims != 1 or batch.ragged_dim < 2:
-        raise ValueError(
-            f"{func.__name__} of a NestedBatch of shape {tuple(batch.shape)}: its dim 1 (the "
-            "channels) must be a feature dim and its one ragged dim a spatial dim after it; "
-            "for (B, j, C) samples, normalize x.transpose(1, 2)")
+    batch = _channels_first(args[0], func.__name__)
     rows = with_ragged_dim(batch, 1)  # (B, j, C, *rest): the stored order, channels a feature
     _check_sample_counts(func, rows, args, kwargs)
     if func is F.group_norm:
