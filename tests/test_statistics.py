@@ -415,6 +415,14 @@ def _batch_of(values: torch.Tensor, transpose: bool = False) -> NestedBatch:
     return b.transpose(1, 2) if transpose else b
 
 
+def _torch_differentiates_aminmax() -> bool:
+    try:
+        torch.aminmax(torch.ones(2, dtype=torch.float64, requires_grad=True))[0].backward()
+    except RuntimeError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("layout", ["packed", "padded"])
 def test_gradients(layout):
     gen = torch.Generator().manual_seed(0)
@@ -443,6 +451,8 @@ def test_gradients(layout):
         "std_mean": lambda v: torch.std_mean(wrap(v), 1, correction=0),
         "var_mean feature": lambda v: tuple(t.values for t in torch.var_mean(wrap(v), -1)),
     }
+    if not _torch_differentiates_aminmax():  # (torch < 2.12: aten::aminmax has no derivative)
+        del calls["aminmax all"]
     for name, call in calls.items():
         assert torch.autograd.gradcheck(call, (values,)), name
     moved = torch.randn(8, 2, dtype=torch.float64, generator=gen, requires_grad=True)
