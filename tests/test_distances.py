@@ -101,3 +101,11 @@ def test_cosine_similarity_over_a_ragged_dim_moved_to_the_last_of_four():
     got = F.cosine_similarity(a, b, dim=3)
     for i, (x, y) in enumerate(zip(s1, s2)):
         torch.testing.assert_close(got[i], F.cosine_similarity(x, y, dim=0))
+
+
+def test_cosine_similarity_compiles_in_one_graph():
+    batch = NestedBatch.from_lengths(torch.randn(4, 4), [1, 3])
+    compiled = torch.compile(lambda b: F.cosine_similarity(b, b, dim=2), backend="eager",
+                             fullgraph=True)
+    torch.testing.assert_close(compiled(batch).values, F.cosine_similarity(batch, batch,
+                                                                           dim=2).values)

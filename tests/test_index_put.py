@@ -170,3 +170,19 @@ def test_pairs_over_a_moved_ragged_dim_read_as_torch():
     expected = torch.stack([samples[0].T[:, 0], samples[1].T[:, 1]])
     assert torch.equal(moved[[0, 1], :, [0, 1]], expected)
     assert torch.equal(moved[[0, 1], 1, [2, 1]], torch.tensor([5.0, 13.0]))
+
+
+def test_compiled_index_errors_and_index_put_keep_their_types():
+    # (a read inside an f-string made dynamo join an int into the message: a TypeError)
+    batch = NestedBatch.from_lengths(torch.randn(4, 4), [1, 3])
+
+    def read(x):
+        return x[torch.tensor([0]), torch.tensor([1])]
+
+    with pytest.raises(IndexError, match="index 1 is out of bounds for dimension 1"):
+        torch.compile(read, backend="eager", dynamic=True)(batch)
+
+    def put(x):
+        return x.clone().index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(1.0))
+
+    assert torch.compile(put, backend="eager")(batch).tolist()[0] == [[1.0] * 4]

@@ -166,9 +166,10 @@ def check_valid_slots(
     if bool(bad.any()):
         sample, slot = (int(v) for v in bad.nonzero()[0])
         size = int(bound[sample]) if isinstance(bound, Tensor) else bound
+        index = int(indices[sample, slot])  # (read first: see ops.indexing's _raise_outside)
         raise IndexError(
-            f"{name}: index {int(indices[sample, slot])} (sample {sample}, slot {slot}) is out "
-            f"of range for {target} of size {size}"
+            f"{name}: index {index} (sample {sample}, slot {slot}) is out of range for "
+            f"{target} of size {size}"
         )
     return int(torch.where(valid, indices, 0).min()) if indices.numel() else 0
 

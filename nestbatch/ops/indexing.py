@@ -58,6 +58,10 @@ def _setitem(layout: Layout, func: Any, args: tuple, kwargs: dict) -> None:
     setitem(args[0], args[1], args[2])
 
 
+#: (a set: torch.compile traces a membership test, not a function's name)
+_IN_PLACE_INDEX_PUT = frozenset({torch.Tensor.index_put_, torch.index_put_})
+
+
 @register(torch.Tensor.index_put_, torch.index_put_, torch.Tensor.index_put, torch.index_put,
           layouts=(Layout.LIST, Layout.PACKED, Layout.PADDED), moved_ragged=True, nested=True)
 def _index_put(layout: Layout, func: Any, args: tuple, kwargs: dict) -> NestedBatch:
@@ -80,7 +84,7 @@ def _index_put(layout: Layout, func: Any, args: tuple, kwargs: dict) -> NestedBa
             "Index put requires the source and destination dtypes match, got "
             f"{_scalar_type(batch.dtype)} for the destination and {_scalar_type(values.dtype)} "
             "for the source.")
-    target = batch if func.__name__.endswith("_") else batch.clone()
+    target = batch if func in _IN_PLACE_INDEX_PUT else batch.clone()
     setitem(target, index, values, accumulate=bool(accumulate))
     return target
 
@@ -253,12 +257,14 @@ def _raise_outside(samples: Tensor, positions: Tensor, length: Tensor, sample_ou
     """The ``IndexError`` torch raises for the first index outside the batch or its sample."""
     first = int((sample_out | (positions < -length) | (positions >= length))
                 .reshape(-1).nonzero()[0])  # (the error path reads more, to name it)
+    # (each read into a name first: dynamo, resuming after one inside an f-string, would
+    # join an int into it)
+    sample = int(samples.reshape(-1)[first])
     if bool(sample_out.reshape(-1)[first]):
-        raise IndexError(f"index {int(samples.reshape(-1)[first])} is out of bounds for "
-                         f"dimension 0 with size {size}")
-    raise IndexError(
-        f"index {int(positions.reshape(-1)[first])} is out of bounds for dimension 1 with "
-        f"size {int(length.reshape(-1)[first])} (sample {int(samples.reshape(-1)[first])})")
+        raise IndexError(f"index {sample} is out of bounds for dimension 0 with size {size}")
+    position, sample_size = int(positions.reshape(-1)[first]), int(length.reshape(-1)[first])
+    raise IndexError(f"index {position} is out of bounds for dimension 1 with size "
+                     f"{sample_size} (sample {sample})")
 
 
 def _getitem_moved(batch: NestedBatch, head: Any, rest: tuple) -> NestedBatch:

@@ -253,7 +253,13 @@ def _cosine_similarity(layout: Layout, func: Any, args: tuple, kwargs: dict) -> 
         # result's dims back (dense operands of fewer dims span dims after it: unmoved).
         there = [x.transpose(1, moved) if x.dim() == batch.dim() else x for x in (x1, x2)]
         return _cosine_similarity(layout, func, (*there, 1, eps), {}).movedim(moved - 1, 1)
-    common = torch.result_type(x1, x2)
+    if any(isinstance(x, Tensor) and x.dim() == 0 for x in (x1, x2)):
+        # (a 0-d tensor ranks below a batch, as below any tensor with dims: torch's rule; a
+        # batch stands as a 1-d tensor of its dtype)
+        common = torch.result_type(*(torch.empty(1, dtype=x.dtype, device=x.device)
+                                     if isinstance(x, NestedBatch) else x for x in (x1, x2)))
+    else:  # (what torch.compile traces: result_type of a batch it cannot)
+        common = torch.promote_types(x1.dtype, x2.dtype)
     if not common.is_floating_point:
         raise RuntimeError(
             f"expected common dtype to be floating point, yet common dtype is {common}")
