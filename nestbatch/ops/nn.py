@@ -10,6 +10,12 @@ With the ragged dim moved (:attr:`~nestbatch.NestedBatch.ragged_dim`), the dims 
 still be feature dims: ``linear`` needs a feature last dim, ``layer_norm`` / ``rms_norm`` need
 the normalized trailing dims to come after the ragged dim; otherwise a ``ValueError`` says to
 transpose the ragged dim back first.
+
+The rest of the module's functions read a sample as torch reads a tensor, so their dims may
+include the ragged one: channel dropouts (every sample's draws, on the packed rows or the padded
+samples), ``batch_norm`` / ``group_norm`` / ``instance_norm`` of ``(B, C, j)`` batches (all the
+samples' elements, or every sample's own), ``cosine_similarity`` / ``pairwise_distance`` (over
+the ragged dim one value per sample).
 """
 
 from __future__ import annotations
