@@ -496,6 +496,8 @@ RECIPES: dict[str, Recipe] = {
     "torch.feature_alpha_dropout_": unary(0.5, True),
     "native_dropout": unary(0.5, True),
     "frexp": unary(),
+    "tril": unary(),  # (the ragged dim the rows: one comparison with every row's position)
+    "triu": unary(1),
     # lookups (a batch of the input's structure) and counts (a dense result) of ops/lookup.py
     "one_hot": lambda s, f: (lambda b: lambda: f(b, 10))(s.batch(dtype=torch.long).select(2, 0)),
     "isin": lambda s, f: (lambda b, t: lambda: f(b, t))(

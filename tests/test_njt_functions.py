@@ -320,3 +320,32 @@ def test_a_dense_tensor_before_the_batch_in_a_feature_cat_is_checked_too():
                  lambda: torch.diff(batch, dim=2, prepend=torch.ones(3, 1, 1))):
         with pytest.raises(ValueError, match="same row structure"):
             call()
+
+
+# ------------------------------------------------------------------------------- tril / triu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", ["tril", "triu"])
+def test_tril_triu_are_torchs_on_every_sample(layout, name):
+    gen = torch.Generator().manual_seed(1)
+    samples = [torch.randn(n, 3, generator=gen, dtype=torch.float64) for n in (4, 1, 0, 5)]
+    samples[0][1, 2] = float("nan")  # (outside the triangle: zeroed, as torch's)
+    batch = NestedBatch.from_list(samples).to(layout)
+    deep = NestedBatch.from_list([torch.randn(n, 2, 3, generator=gen) for n in (2, 3)])
+    for diagonal in (-2, -1, 0, 1, 3):
+        func = getattr(torch, name)
+        for got, sample in zip(func(batch, diagonal).unbind(), samples):  # (ragged rows)
+            torch.testing.assert_close(got, func(sample, diagonal), equal_nan=True)
+        for got, sample in zip(func(batch.transpose(1, 2), diagonal=diagonal).unbind(),
+                               samples):  # (ragged columns)
+            torch.testing.assert_close(got, func(sample.T, diagonal), equal_nan=True)
+        for got, sample in zip(func(deep, diagonal).unbind(), deep.unbind()):  # (features)
+            assert torch.equal(got, func(sample, diagonal))
+    written = batch.clone()
+    getattr(written, name + "_")(1)
+    for got, sample in zip(written.unbind(), samples):
+        torch.testing.assert_close(got, getattr(torch, name)(sample, 1), equal_nan=True)
+    values = torch.randn(10, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: getattr(torch, name)(
+        NestedBatch.from_lengths(v, [4, 1, 0, 5])).values, (values,))
+    with pytest.raises(RuntimeError, match="at least 2 dimensions"):
+        getattr(torch, name)(nestbatch.nested([torch.randn(2), torch.randn(3)]))

@@ -27,12 +27,14 @@ from nestbatch.batch import (
     after_stored_write,
     cached_layout,
     map_stored,
+    storage_dim,
     stored_layout,
 )
 from nestbatch.layouts import Layout, Packed, Padded
 from nestbatch.ops.broadcasting import broadcast_error, feature_ndim, packed_operand
 from nestbatch.ops.common import (
     PACKED_OR_PADDED,
+    argument,
     check_same_structure,
     first_batch,
     is_batch,
@@ -320,6 +322,52 @@ def _frexp(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
     batch = args[0]
     mantissa, exponent = func(batch.packed().values, *args[1:], **kwargs)
     return torch.return_types.frexp((batch.with_values(mantissa), batch.with_values(exponent)))
+
+
+@register(*torch_funcs("tril", "triu", "tril_", "triu_"), layouts=(Layout.PACKED,),
+          moved_ragged=True)
+def _triangle(layout: Layout, func: Any, args: tuple, kwargs: dict) -> NestedBatch:
+    """``tril`` / ``triu(input, diagonal=0)`` (``tril_`` / ``triu_`` in place) of every sample's
+    last two dims, as torch's: the elements at (row, column) with ``column - row <=
+    diagonal`` (``tril``; ``>=`` for ``triu``) kept, the others zero. Where both dims are
+    feature dims, torch's own function of the packed rows; where one of them is the ragged dim,
+    its index is every packed row's position in its sample, and the kept elements are chosen
+    by one comparison (no padding, no read of the device)."""
+    batch, name = args[0], func.__name__.rstrip("_")
+    diagonal = argument(args, kwargs, 1, "diagonal", 0)
+    if batch.dim() < 3:  # (samples of fewer than 2 dims: torch refuses such an input)
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    in_place = func.__name__.endswith("_")
+    rows, cols = storage_dim(batch, batch.dim() - 2), storage_dim(batch, batch.dim() - 1)
+    if rows[0] == "feature" and cols[0] == "feature":
+        out = getattr(torch, name)(batch.packed().values, diagonal)
+        return replace_storage(batch, batch.with_values(out)) if in_place \
+            else batch.with_values(out)
+    if batch.num_ragged_dims != 1 or batch.partition.ragged_rank != 1:
+        raise ValueError(f"{name} of a sample's last two dims where both or an outer level are "
+                         "ragged is not supported: only one of them may be the ragged dim")
+    lower, ragged_rows = name == "tril", rows[0] == "ragged"
+    stored = stored_layout(batch)
+    if in_place and isinstance(stored, Packed):  # (one write into the stored rows)
+        stored.values.masked_fill_(_outside_triangle(batch, ragged_rows, diagonal, lower), 0)
+        after_stored_write(batch)
+        return batch
+    values = batch.packed().values
+    outside = _outside_triangle(batch, ragged_rows, diagonal, lower)
+    out = batch.with_values(torch.where(outside, torch.zeros((), dtype=values.dtype), values))
+    return replace_storage(batch, out) if in_place else out
+
+
+def _outside_triangle(batch: NestedBatch, ragged_rows: bool, diagonal: int, lower: bool
+                      ) -> Tensor:
+    """Bool, broadcasting against the packed values ``(total, *feature)``: whether an element
+    is outside the triangle (zeroed). The ragged index is the row's position in its sample;
+    the other index runs along the last stored dim (the sample's other last dim)."""
+    features = batch.feature_shape
+    position = batch.partition.positions.view(-1, *[1] * len(features))
+    other = torch.arange(features[-1], device=position.device)
+    row, col = (position, other) if ragged_rows else (other, position)
+    return (col - row > diagonal) if lower else (col - row < diagonal)
 
 
 @register(torch.clone, torch.detach, torch.Tensor.contiguous, torch.Tensor.clone,
