@@ -330,7 +330,9 @@ def _too_short(length: int, w: _Window) -> bool:
 
 def _extent(batch: NestedBatch) -> tuple[int, int]:
     """The shortest and longest length: from the host when it knows them, else one read of
-    the device (a sync)."""
+    the device (a sync, of both at once), needed because the longest is the padded width (a
+    shape) and a sample torch refuses (shorter than the window) must raise before anything
+    runs."""
     partition = batch.partition
     if batch.batch_size == 0:
         return 0, 0

@@ -261,9 +261,18 @@ def _msort(layout: Layout, func: Any, args: tuple, kwargs: dict) -> Any:
 
 
 # =========================================================================== topk, kthvalue
+def _smallest_along(partition: RowPartition, d: int) -> int:
+    """The smallest sample's size along ragged dim ``d``: from the host where it knows the
+    sizes, else one read of the device (a sync), because torch's error for a sample too short
+    for ``k`` must be raised before anything runs (a kernel would otherwise read past it)."""
+    if partition.knows_host_shapes:
+        return min(_sizes_along(partition, d), default=0)
+    return int(partition.shape_per_sample[:, d].min())
+
+
 def _sizes_along(partition: RowPartition, d: int) -> Sequence[int]:
-    """Every sample's size along ragged dim ``d``, on the host (one read of the device where
-    only it holds them)."""
+    """Every sample's size along ragged dim ``d``, on the host: where only the device holds
+    them, read once (a sync) on the error path only, to name the first sample torch refuses."""
     if not partition.knows_host_shapes:
         return partition.shape_per_sample[:, d].tolist()
     if partition.num_ragged_dims == 1:
@@ -276,7 +285,8 @@ def _check_k(batch: NestedBatch, d: int, dim: int, op: str, k: int) -> None:
     give ``k`` (``topk``: ``0 <= k <= size``; ``kthvalue``: ``1 <= k <= size``), checking the
     dtype after the first sample's size, as the call on every sample in turn would.
 
-    Reads the sizes on the host (a device read where only the device holds them).
+    Reads the smallest size (a device read where only the device holds the sizes: see
+    :func:`_smallest_along`), and all of them only to name the sample it raises for.
 
     Raises
     ------
@@ -289,10 +299,10 @@ def _check_k(batch: NestedBatch, d: int, dim: int, op: str, k: int) -> None:
         if k < 0 and op == "topk":  # (no result has a negative size; torch's error)
             raise _k_error(op, k, None, 0, dim - 1)
         return  # (no sample: torch is never called)
-    sizes = _sizes_along(batch.partition, d)
     low = 1 if op == "kthvalue" else 0
-    first = None
-    if not low <= k <= min(sizes):
+    first = sizes = None
+    if not low <= k <= _smallest_along(batch.partition, d):
+        sizes = _sizes_along(batch.partition, d)  # (the error path: to name the sample)
         first = next(i for i, n in enumerate(sizes) if not low <= k <= n)
     if first != 0 and batch.dtype not in _SELECTABLE:  # (torch's own op raises its error)
         probe = batch.packed().values.new_zeros(1)
